@@ -1,0 +1,181 @@
+"""Offline training corpus for the project's base model.
+
+The default corpus is Jane Austen's six novels, taken from the Debian package
+``r-cran-janeaustenr`` (texts public domain, package MIT). The package stores
+them as R objects in a lazy-load database (``data/Rdata.rdb`` + ``Rdata.rdx``);
+we read that database with the pure-Python ``rdata`` parser so R is not needed.
+
+A narrow, coherent prose corpus is deliberate: a ~7M-parameter model trained
+for an hour on CPU can learn one author's style well enough to write readable
+sentences, whereas a broad mix stays unreadable (design.md section 6).
+
+Documents (chapters) are joined with ``DOC_SEPARATOR``, which the tokenizer
+treats as its single special token (BOS/EOS), so the model sees document
+boundaries. The held-out split is the *tail* of every book (by position), so
+the held-out loss measures passages the model has never trained on rather
+than random paragraphs interleaved with training text.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import struct
+import zlib
+from pathlib import Path
+
+DOC_SEPARATOR = "<|endoftext|>"
+JANEAUSTENR_DATA = Path("/usr/lib/R/site-library/janeaustenr/data")
+AUSTEN_BOOKS = (
+    "sensesensibility",
+    "prideprejudice",
+    "mansfieldpark",
+    "emma",
+    "northangerabbey",
+    "persuasion",
+)
+DEFAULT_HELDOUT_FRACTION = 0.03
+
+# Chapter/volume headings start a new document; they carry no prose to learn.
+_HEADING = re.compile(r"^(chapter|volume)\s+([ivxlc]+|\d+)\b.*$", re.IGNORECASE)
+# Gutenberg marks italics as _word_; the underscores are markup, not text.
+_ITALICS = re.compile(r"_([^_]+)_")
+
+
+def read_janeaustenr(data_dir: Path = JANEAUSTENR_DATA) -> dict[str, list[str]]:
+    """Return ``{book: lines}`` from janeaustenr's lazy-load R database.
+
+    The ``.rdx`` index is a gzipped R serialisation of a list whose
+    ``variables`` entry maps each object name to ``(offset, length)`` in the
+    ``.rdb`` file; each record there is a 4-byte big-endian uncompressed size
+    followed by a zlib stream holding one serialised R object.
+    """
+    import rdata  # imported lazily: only the Austen corpus needs it
+
+    index = rdata.conversion.convert(
+        rdata.parser.parse_data(gzip.decompress((data_dir / "Rdata.rdx").read_bytes()))
+    )
+    rdb = (data_dir / "Rdata.rdb").read_bytes()
+    books: dict[str, list[str]] = {}
+    for name, (offset, length) in index["variables"].items():
+        record = rdb[int(offset) : int(offset) + int(length)]
+        (size,) = struct.unpack(">I", record[:4])
+        payload = zlib.decompress(record[4:])
+        if len(payload) != size:
+            raise ValueError(f"corrupt record for {name!r} in {data_dir}")
+        lines = rdata.conversion.convert(rdata.parser.parse_data(payload))
+        books[str(name)] = [str(line) for line in lines]
+    return books
+
+
+def paragraphs_from_lines(lines: list[str]) -> list[str]:
+    """Join hard-wrapped lines into paragraphs (blank lines separate them)."""
+    paragraphs: list[str] = []
+    current: list[str] = []
+    for line in [*lines, ""]:
+        line = line.strip()
+        if line:
+            current.append(line)
+        elif current:
+            paragraphs.append(" ".join(current))
+            current = []
+    return paragraphs
+
+
+def clean_paragraph(paragraph: str) -> str:
+    """Strip typographic markup and normalise whitespace."""
+    paragraph = _ITALICS.sub(r"\1", paragraph)
+    return re.sub(r"\s+", " ", paragraph).strip()
+
+
+def book_to_documents(lines: list[str]) -> list[list[str]]:
+    """Split one book into chapters (lists of cleaned paragraphs).
+
+    Everything before the first heading is title/front matter and is dropped;
+    each chapter or volume heading closes the current document.
+    """
+    documents: list[list[str]] = []
+    current: list[str] | None = None  # None until the first heading is seen
+    for paragraph in paragraphs_from_lines(lines):
+        if _HEADING.match(paragraph):
+            if current:
+                documents.append(current)
+            current = []
+            continue
+        if current is not None:
+            text = clean_paragraph(paragraph)
+            if text and not text.upper().startswith("THE END"):
+                current.append(text)
+    if current:
+        documents.append(current)
+    if not documents:  # a plain text without headings: the whole thing is one document
+        documents = [[clean_paragraph(p) for p in paragraphs_from_lines(lines)]]
+    return documents
+
+
+def split_documents(
+    documents: list[list[str]], heldout_fraction: float = DEFAULT_HELDOUT_FRACTION
+) -> tuple[list[list[str]], list[list[str]]]:
+    """Split one book's documents by position: the last paragraphs are held out.
+
+    Counting characters (not paragraphs) keeps the fraction honest when
+    paragraph lengths vary. The chapter that straddles the cut is split in two.
+    """
+    total = sum(len(p) for doc in documents for p in doc)
+    budget = total * heldout_fraction
+    train: list[list[str]] = [list(doc) for doc in documents]
+    heldout: list[list[str]] = []
+    taken = 0.0
+    while train and taken < budget:
+        doc = train[-1]
+        tail: list[str] = []
+        while doc and taken < budget:
+            paragraph = doc.pop()
+            tail.insert(0, paragraph)
+            taken += len(paragraph)
+        heldout.insert(0, tail)
+        if not doc:
+            train.pop()
+    return train, heldout
+
+
+def join_documents(documents: list[list[str]]) -> str:
+    """Render documents as paragraphs separated by blank lines and DOC_SEPARATOR."""
+    return DOC_SEPARATOR.join("\n\n".join(doc) + "\n" for doc in documents if doc)
+
+
+def build_corpus(
+    source: str = "austen", heldout_fraction: float = DEFAULT_HELDOUT_FRACTION
+) -> tuple[str, str]:
+    """Return ``(train_text, heldout_text)`` for ``source``.
+
+    ``source`` is ``"austen"`` or a path to a ``.txt`` file or a folder of them
+    (each file treated like one book: chapters if it has headings, else one
+    document).
+    """
+    if source == "austen":
+        all_books = read_janeaustenr()
+        books = [all_books[name] for name in AUSTEN_BOOKS]
+    else:
+        path = Path(source)
+        files = sorted(path.glob("**/*.txt")) if path.is_dir() else [path]
+        if not files:
+            raise FileNotFoundError(f"no .txt files under {path}")
+        books = [f.read_text(encoding="utf-8").splitlines() for f in files]
+    train_docs: list[list[str]] = []
+    heldout_docs: list[list[str]] = []
+    for lines in books:
+        train, heldout = split_documents(book_to_documents(lines), heldout_fraction)
+        train_docs += train
+        heldout_docs += heldout
+    return join_documents(train_docs), join_documents(heldout_docs)
+
+
+def write_corpus(out_dir: Path, source: str = "austen") -> tuple[Path, Path]:
+    """Build the corpus and cache it as ``train.txt`` / ``heldout.txt`` in ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    train, heldout = build_corpus(source)
+    train_path, heldout_path = out_dir / "train.txt", out_dir / "heldout.txt"
+    train_path.write_text(train, encoding="utf-8")
+    heldout_path.write_text(heldout, encoding="utf-8")
+    return train_path, heldout_path
