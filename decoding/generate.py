@@ -1,0 +1,298 @@
+"""The round loops: plain autoregressive decoding and Medusa decoding, both traced the same way.
+
+    prompt ─ prefill ─▶ root token ─┐
+                                    ▼
+        ┌─ draft:   the heads guess the next K tokens, top-k each       (no base-model pass)
+        │  verify:  ONE pass over the whole tree of guesses, tree mask  (the only base pass)
+        │  accept:  keep the longest path the base model agrees with, plus its own next token
+        └─ compact: keep only the accepted rows in the KV cache ◀───────┘
+
+Both loops are generators that yield the growing RunTrace after prefill and after every round,
+so a UI can stream; `generate` runs one to the end. Time spent by the consumer between yields is
+not counted: the clock only runs inside the loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import torch
+
+from .acceptance import Verdict, greedy_accept, sampling_distribution, speculative_accept, typical_accept
+from .errors import DecodingError
+from .kv_cache import compact_cache, new_cache
+from .loading import MedusaModel
+from .passes import decode_one_token, draft, prefill, verify_tree
+from .settings import DecodeSettings
+from .trace import RoundTrace, RunSettings, RunTrace
+from .tree import Tree
+
+
+class Stopwatch:
+    """Wall-clock time that only runs between `resume()` and `pause()`; syncs CUDA when read."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.elapsed = 0.0
+        self._since: float | None = None
+
+    def now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def resume(self) -> None:
+        self._since = self.now()
+
+    def pause(self) -> None:
+        if self._since is not None:
+            self.elapsed += self.now() - self._since
+            self._since = None
+
+    def read(self) -> float:
+        """Seconds counted so far, the running segment included."""
+        return self.elapsed + (self.now() - self._since if self._since is not None else 0.0)
+
+
+# ----- inputs -----
+def encode_prompt(mm: MedusaModel, prompt: str) -> list[int]:
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise DecodingError("the prompt is empty: type some text to continue")
+    ids = mm.tokenizer(mm.prompt_template.format(prompt=prompt)).input_ids
+    if len(ids) >= mm.context_length:
+        raise DecodingError(
+            f"the prompt is {len(ids)} tokens but {mm.name} reads at most "
+            f"{mm.context_length}: shorten it"
+        )
+    return list(ids)
+
+
+def resolve_tree(mm: MedusaModel, settings: DecodeSettings) -> Tree:
+    """The tree to verify each round: a preset or shipped tree by name, or a custom choices list."""
+    num_heads = settings.num_heads or mm.num_heads
+    if num_heads > mm.num_heads:
+        raise DecodingError(f"{mm.name} has {mm.num_heads} heads; cannot use {num_heads}")
+    spec = mm.default_tree if settings.tree == "default" else settings.tree
+    if isinstance(spec, str):
+        if spec not in mm.trees:
+            raise DecodingError(f"unknown tree {spec!r}; known trees: {', '.join(mm.trees)}")
+        tree = Tree.pruned(mm.trees[spec], num_heads, spec)
+    else:
+        tree = Tree.from_choices(spec, num_heads)
+    vocab = mm.heads.config.vocab_size
+    if tree.top_k > vocab:
+        raise DecodingError(f"the tree reads rank {tree.top_k - 1} but the vocabulary has {vocab} tokens")
+    return tree
+
+
+def choose_token(logits: torch.Tensor, settings: DecodeSettings, generator: torch.Generator) -> int:
+    """The base model's own choice from one row of logits: argmax, or a sample."""
+    if settings.acceptance == "greedy":
+        return int(logits.argmax())
+    probs = sampling_distribution(logits, settings.temperature, settings.top_p).cpu()
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def accept(
+    tree: Tree, node_tokens: list[int], logits: torch.Tensor,
+    settings: DecodeSettings, generator: torch.Generator,
+) -> Verdict:
+    if settings.acceptance == "greedy":
+        return greedy_accept(tree, node_tokens, logits)
+    if settings.acceptance == "typical":
+        return typical_accept(tree, node_tokens, logits, settings.temperature,
+                              settings.epsilon, settings.delta, generator)
+    return speculative_accept(tree, node_tokens, logits, settings.temperature, settings.top_p, generator)
+
+
+def _new_trace(mm: MedusaModel, prompt: str, prompt_ids: list[int], settings: DecodeSettings,
+               tree: Tree | None) -> RunTrace:
+    run_settings = RunSettings(
+        method=settings.method, max_new_tokens=settings.max_new_tokens,
+        acceptance=settings.acceptance, temperature=settings.temperature, top_p=settings.top_p,
+        epsilon=settings.epsilon, delta=settings.delta, seed=settings.seed,
+        tree=None if tree is None else tree.name,
+        num_heads=None if tree is None else (settings.num_heads or mm.num_heads),
+    )
+    return RunTrace(
+        model=mm.name, device=str(mm.device), dtype=str(mm.dtype).removeprefix("torch."),
+        settings=run_settings, prompt=prompt, prompt_tokens=prompt_ids,
+        tree=None if tree is None else tree.to_trace(), detailed=settings.detailed_trace,
+    )
+
+
+def _make_generator(seed: int | None) -> torch.Generator:
+    generator = torch.Generator()
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    return generator
+
+
+def _cut_at_stop(mm: MedusaModel, tokens: list[int], produced: int, limit: int) -> tuple[list[int], str]:
+    """Trim a round's new tokens at an end-of-sequence token or at the token budget."""
+    kept: list[int] = []
+    for token in tokens:
+        if produced + len(kept) >= limit:
+            return kept, "max_new_tokens"
+        kept.append(token)
+        if token in mm.eos_token_ids:
+            return kept, "eos"
+    return kept, "max_new_tokens" if produced + len(kept) >= limit else ""
+
+
+def _start(mm: MedusaModel, trace: RunTrace, clock: Stopwatch, logits: torch.Tensor,
+           settings: DecodeSettings, generator: torch.Generator) -> int:
+    """Record the prefill's token; returns it."""
+    token = choose_token(logits, settings, generator)
+    trace.prefill_token, trace.prefill_text = token, mm.token_text(token)
+    trace.time_prefill = clock.read()
+    if token in mm.eos_token_ids:
+        trace.stop_reason = "eos"
+    elif settings.max_new_tokens <= 1:
+        trace.stop_reason = "max_new_tokens"
+    return token
+
+
+# ----- plain autoregressive decoding -----
+@torch.inference_mode()
+def autoregressive_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings) -> Iterator[RunTrace]:
+    """One pass per token: the baseline Medusa must match (greedy) and beat (speed)."""
+    prompt_ids = encode_prompt(mm, prompt)
+    trace = _new_trace(mm, prompt, prompt_ids, settings, None)
+    generator = _make_generator(settings.seed)
+    clock = Stopwatch(mm.device)
+    clock.resume()
+    cache = new_cache()
+    logits, _ = prefill(mm, prompt_ids, cache)
+    token = _start(mm, trace, clock, logits, settings, generator)
+    produced = 1
+    clock.pause()
+    yield trace
+    clock.resume()
+    while not trace.stop_reason:
+        if cache.get_seq_length() + 1 > mm.context_length:
+            trace.stop_reason = "context_limit"
+            break
+        start = clock.read()
+        logits = decode_one_token(mm, token, cache)
+        verified = clock.read()
+        token = choose_token(logits, settings, generator)
+        kept, trace.stop_reason = _cut_at_stop(mm, [token], produced, settings.max_new_tokens)
+        produced += len(kept)
+        done = clock.read()
+        trace.rounds.append(RoundTrace(
+            index=len(trace.rounds), position=len(prompt_ids) + produced - 1,
+            emitted_tokens=kept, emitted_texts=[mm.token_text(t) for t in kept],
+            emitted_from_heads=[False] * len(kept),
+            time_draft=0.0, time_verify=verified - start, time_accept=done - verified,
+            t_end=clock.read(),
+        ))
+        clock.pause()
+        yield trace
+        clock.resume()
+    trace.total_time = clock.read()
+    clock.pause()
+    yield trace
+
+
+# ----- Medusa decoding -----
+def _detail(mm: MedusaModel, tree: Tree, round_trace: RoundTrace, node_tokens: torch.Tensor,
+            logits: torch.Tensor, top_tokens: torch.Tensor, top_probs: torch.Tensor,
+            accepted: list[int], root: int) -> None:
+    """Fill in what the UI shows for a round: heads' guesses, and the base model at every node."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    base_probs, base_tokens = probs.max(dim=-1)
+    parents = torch.tensor(tree.parents[1:], device=probs.device)
+    node_probs = probs[parents, node_tokens[1:]]
+    # One transfer to the CPU for everything, rather than one per number.
+    tokens, best, best_p, node_p, head_t, head_p = (
+        x.cpu().tolist() for x in (node_tokens, base_tokens, base_probs, node_probs, top_tokens, top_probs)
+    )
+    round_trace.root_token = root
+    round_trace.heads_topk_tokens, round_trace.heads_topk_probs = head_t, head_p
+    round_trace.node_tokens, round_trace.node_texts = tokens, [mm.token_text(t) for t in tokens]
+    round_trace.node_base_probs = [None] + node_p
+    round_trace.base_argmax_tokens = best
+    round_trace.base_argmax_texts = [mm.token_text(t) for t in best]
+    round_trace.base_argmax_probs = best_p
+    round_trace.accepted_nodes = accepted
+
+
+@torch.inference_mode()
+def medusa_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings) -> Iterator[RunTrace]:
+    """Draft with the heads, verify the whole tree in one pass, accept, compact; repeat."""
+    prompt_ids = encode_prompt(mm, prompt)
+    tree = resolve_tree(mm, settings)
+    trace = _new_trace(mm, prompt, prompt_ids, settings, tree)
+    generator = _make_generator(settings.seed)
+    draft_index = tree.draft_index.to(mm.device)
+    clock = Stopwatch(mm.device)
+    clock.resume()
+    cache = new_cache()
+    logits, hidden = prefill(mm, prompt_ids, cache, want_hidden=True)
+    root = _start(mm, trace, clock, logits, settings, generator)
+    produced = 1
+    clock.pause()
+    yield trace
+    clock.resume()
+    while not trace.stop_reason:
+        past = cache.get_seq_length()
+        if past + tree.size > mm.context_length:
+            trace.stop_reason = "context_limit"
+            break
+        start = clock.read()
+        # Draft: the heads read the hidden state of the token *before* the root (the one whose
+        # logits chose the root), so head k guesses the token k places after the root.
+        top_tokens, top_probs = draft(mm, hidden, tree.top_k)
+        root_tensor = torch.tensor([root], device=mm.device)
+        node_tokens = torch.cat([root_tensor, top_tokens.flatten()[draft_index]])
+        drafted = clock.read()
+        logits, hidden_all = verify_tree(mm, tree, node_tokens, cache)
+        verified = clock.read()
+        node_list = node_tokens.tolist()
+        verdict = accept(tree, node_list, logits, settings, generator)
+        compact_cache(cache, past, verdict.accepted_nodes)
+        # The next round's heads read the hidden state at the last accepted node: the very
+        # position whose logits chose the next root. No extra pass is needed.
+        hidden = hidden_all[verdict.accepted_nodes[-1]]
+        accepted_done = clock.read()
+        new_tokens = [node_list[n] for n in verdict.accepted_nodes[1:]] + [verdict.next_token]
+        kept, trace.stop_reason = _cut_at_stop(mm, new_tokens, produced, settings.max_new_tokens)
+        produced += len(kept)
+        round_trace = RoundTrace(
+            index=len(trace.rounds), position=past,
+            emitted_tokens=kept, emitted_texts=[mm.token_text(t) for t in kept],
+            emitted_from_heads=[i < len(new_tokens) - 1 for i in range(len(kept))],
+            time_draft=drafted - start, time_verify=verified - drafted,
+            time_accept=accepted_done - verified, t_end=0.0,
+        )
+        if settings.detailed_trace:
+            _detail(mm, tree, round_trace, node_tokens, logits, top_tokens, top_probs,
+                    verdict.accepted_nodes, root)
+        round_trace.t_end = clock.read()
+        trace.rounds.append(round_trace)
+        root = verdict.next_token
+        clock.pause()
+        yield trace
+        clock.resume()
+    trace.total_time = clock.read()
+    clock.pause()
+    yield trace
+
+
+def stream(mm: MedusaModel, prompt: str, settings: DecodeSettings) -> Iterator[RunTrace]:
+    """Yield the run's trace as it grows; the last one yielded has `stop_reason` set."""
+    settings.validate()
+    decode = medusa_decode if settings.method == "medusa" else autoregressive_decode
+    yield from decode(mm, prompt, settings)
+
+
+def generate(mm: MedusaModel, prompt: str, settings: DecodeSettings) -> RunTrace:
+    """Run to the end and return the full trace."""
+    trace = None
+    for trace in stream(mm, prompt, settings):
+        pass
+    return trace

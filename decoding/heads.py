@@ -1,0 +1,104 @@
+"""Medusa heads: K small networks that read the base model's last hidden state and guess ahead.
+
+The base model's own lm_head turns the hidden state at position t into a guess for token t+1.
+Head k (k = 1..K) reads the *same* hidden state and guesses token t+1+k. Each head is the
+reference design from the Medusa paper: a stack of residual blocks `x + SiLU(W x + b)` (W starts
+at zero, so an untrained block is the identity) followed by a vocabulary-sized linear layer that
+starts as a copy of the base lm_head. At initialisation every head therefore predicts what the
+base model predicts for t+1 — a sensible starting point that training shifts k tokens further.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+CONFIG_NAME = "medusa_config.json"
+WEIGHTS_NAME = "medusa_heads.safetensors"
+
+
+@dataclass
+class HeadsConfig:
+    num_heads: int
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    # Medusa "version 2" checkpoints have no per-head vocab projection: every head reuses the
+    # base model's lm_head. Such heads are applied with `lm_head` passed to `forward`.
+    shared_lm_head: bool = False
+
+
+class ResBlock(nn.Module):
+    """x + SiLU(Linear(x)), with the linear layer zero-initialised so the block starts as identity."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+        self.act = nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.act(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    """K heads. `forward(hidden)` returns logits of shape (K, *hidden.shape[:-1], vocab)."""
+
+    def __init__(self, config: HeadsConfig) -> None:
+        super().__init__()
+        self.config = config
+        # The module layout `heads.{i}.{j}` mirrors the published checkpoints' `{i}.{j}` keys,
+        # where j < num_layers are ResBlocks and j == num_layers is the vocab projection.
+        self.heads = nn.ModuleList(self._make_head() for _ in range(config.num_heads))
+
+    def _make_head(self) -> nn.Sequential:
+        c = self.config
+        blocks: list[nn.Module] = [ResBlock(c.hidden_size) for _ in range(c.num_layers)]
+        if not c.shared_lm_head:
+            blocks.append(nn.Linear(c.hidden_size, c.vocab_size, bias=False))
+        return nn.Sequential(*blocks)
+
+    @property
+    def num_heads(self) -> int:
+        return self.config.num_heads
+
+    def init_from_lm_head(self, lm_head: nn.Linear) -> None:
+        """Copy the base model's lm_head into every head's projection (the reference init)."""
+        if self.config.shared_lm_head:
+            return
+        with torch.no_grad():
+            for head in self.heads:
+                head[-1].weight.copy_(lm_head.weight)
+
+    def forward(self, hidden: torch.Tensor, lm_head: nn.Module | None = None) -> torch.Tensor:
+        if self.config.shared_lm_head:
+            if lm_head is None:
+                raise ValueError("these heads reuse the base lm_head: pass it to forward()")
+            return torch.stack([lm_head(head(hidden)) for head in self.heads])
+        return torch.stack([head(hidden) for head in self.heads])
+
+    # ----- the project's own layout: safetensors + a small JSON config -----
+    def save(self, directory: str | Path, extra: dict | None = None) -> None:
+        """Write `medusa_heads.safetensors` and `medusa_config.json` (plus any `extra` fields)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        save_file(state, str(directory / WEIGHTS_NAME))
+        meta = {"format": "medusa-playground", **asdict(self.config), **(extra or {})}
+        (directory / CONFIG_NAME).write_text(json.dumps(meta, indent=2))
+
+    @classmethod
+    def load(cls, directory: str | Path) -> tuple[MedusaHeads, dict]:
+        """Load heads saved by `save`; also returns the whole JSON (it may hold a tree, accuracies)."""
+        directory = Path(directory)
+        meta = json.loads((directory / CONFIG_NAME).read_text())
+        fields = HeadsConfig.__dataclass_fields__
+        heads = cls(HeadsConfig(**{k: meta[k] for k in fields if k in meta}))
+        heads.load_state_dict(load_file(str(directory / WEIGHTS_NAME)))
+        return heads, meta

@@ -1,0 +1,111 @@
+"""The forward passes: prefill, one-token decode, drafting with the heads, and tree verification.
+
+Everything here is one call of the model (or of the heads) and nothing else; the round loops in
+`generate.py` decide what to do with the results.
+"""
+
+from __future__ import annotations
+
+import inspect
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+import torch
+from transformers import DynamicCache
+
+from .tree import Tree
+
+if TYPE_CHECKING:
+    from .loading import MedusaModel
+
+
+def run_model(
+    mm: MedusaModel,
+    input_ids: list[int] | torch.Tensor,
+    cache: DynamicCache,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    last_only: bool = False,
+    want_hidden: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One forward pass over `input_ids` (batch 1) that appends to `cache`.
+
+    Returns logits (T, V) — or (1, V) with `last_only` — and, with `want_hidden`, the final
+    hidden states (T, H): the post-norm states the lm_head reads, which the heads read too.
+    """
+    ids = torch.as_tensor(input_ids, dtype=torch.long, device=mm.device).view(1, -1)
+    kwargs = {mm.cache_argument: cache}
+    if last_only and "logits_to_keep" in inspect.signature(mm.model.forward).parameters:
+        kwargs["logits_to_keep"] = 1
+    out = mm.model(
+        input_ids=ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=True,
+        output_hidden_states=want_hidden,
+        **kwargs,
+    )
+    logits = out.logits[0, -1:] if last_only else out.logits[0]
+    hidden = out.hidden_states[-1][0] if want_hidden else None
+    return logits, hidden
+
+
+def prefill(
+    mm: MedusaModel, prompt_ids: list[int], cache: DynamicCache, want_hidden: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Run the prompt; return the logits after its last token (V,) and that token's hidden state."""
+    logits, hidden = run_model(mm, prompt_ids, cache, last_only=True, want_hidden=want_hidden)
+    return logits[-1], None if hidden is None else hidden[-1]
+
+
+def decode_one_token(mm: MedusaModel, token: int, cache: DynamicCache) -> torch.Tensor:
+    """Plain autoregressive step: feed one token, get the logits (V,) for the next."""
+    logits, _ = run_model(mm, [token], cache)
+    return logits[-1]
+
+
+def draft(mm: MedusaModel, hidden: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every head's top-k guesses from one hidden state: tokens and probabilities, (K, k) each.
+
+    Head k's guesses are for the token k+1 places after the position whose hidden state this is,
+    i.e. k places after the root token the base model has just chosen.
+    """
+    head_logits = mm.heads(hidden, lm_head=mm.model.get_output_embeddings())
+    probs = torch.softmax(head_logits.float(), dim=-1)
+    top_probs, top_tokens = probs.topk(top_k, dim=-1)
+    return top_tokens, top_probs
+
+
+@lru_cache(maxsize=32)
+def _tree_block(tree: Tree, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """(T, T) additive mask over the tree itself: 0 where a node may attend, -inf-ish elsewhere."""
+    blocked = torch.finfo(dtype).min
+    return torch.where(tree.ancestor_mask, 0.0, blocked).to(dtype=dtype, device=device)
+
+
+def tree_attention_mask(
+    tree: Tree, past_length: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """(1, 1, T, past + T) additive float mask: every node sees the whole prefix and its ancestors.
+
+    It must be additive floats, not bools: transformers takes a 4D mask as given, and under eager
+    attention a bool mask would be *added* to the scores as 0/1 — silently wrong.
+    """
+    mask = torch.zeros(tree.size, past_length + tree.size, dtype=dtype, device=device)
+    mask[:, past_length:] = _tree_block(tree, dtype, device)
+    return mask[None, None]
+
+
+def verify_tree(
+    mm: MedusaModel, tree: Tree, node_tokens: torch.Tensor, cache: DynamicCache
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward pass over all T tree nodes: logits (T, V) and hidden states (T, H).
+
+    Position ids are past + depth: siblings share a position, because each is a candidate for
+    the same slot in the sequence. Leaving them out would number the nodes 0..T-1 — silently wrong.
+    """
+    past = cache.get_seq_length()
+    mask = tree_attention_mask(tree, past, mm.dtype, mm.device)
+    positions = (tree.depth_tensor.to(mm.device) + past).view(1, -1)
+    logits, hidden = run_model(mm, node_tokens, cache, mask, positions, want_hidden=True)
+    return logits, hidden

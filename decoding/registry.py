@@ -1,0 +1,65 @@
+"""Published Medusa checkpoints we know how to load, with what they need to run well.
+
+These live on the Hugging Face hub; users with the internet (e.g. a GPU Space) load them by name.
+Nothing here is downloaded in tests: they build fake checkpoints in the same layouts instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+VICUNA_TEMPLATE = (
+    "A chat between a curious user and an artificial intelligence assistant. The assistant "
+    "gives helpful, detailed, and polite answers to the user's questions. USER: {prompt} ASSISTANT:"
+)
+ZEPHYR_TEMPLATE = "<|user|>\n{prompt}</s>\n<|assistant|>\n"
+
+
+@dataclass(frozen=True)
+class RegistryEntry:
+    heads: str  # hub id holding the heads (v0.1) or the whole model with heads (v1.0)
+    base: str | None  # hub id of the base model; None when the heads repo is a whole model
+    layout: str  # "v0.1" or "v1.0"
+    description: str
+    prompt_template: str = "{prompt}"
+    tree: str = "mc_sim_7b_63"
+    needs_gpu: bool = True
+
+
+MODEL_REGISTRY: dict[str, RegistryEntry] = {
+    "medusa-vicuna-7b-v1.3": RegistryEntry(
+        heads="FasterDecoding/medusa-vicuna-7b-v1.3",
+        base="lmsys/vicuna-7b-v1.3",
+        layout="v0.1",
+        description="Vicuna-7B v1.3 with the paper's 5 Medusa-1 heads (about 14 GB in fp16)",
+        prompt_template=VICUNA_TEMPLATE,
+    ),
+    "medusa-vicuna-13b-v1.3": RegistryEntry(
+        heads="FasterDecoding/medusa-vicuna-13b-v1.3",
+        base="lmsys/vicuna-13b-v1.3",
+        layout="v0.1",
+        description="Vicuna-13B v1.3 with 5 Medusa-1 heads (about 26 GB in fp16)",
+        prompt_template=VICUNA_TEMPLATE,
+    ),
+    "medusa-vicuna-33b-v1.3": RegistryEntry(
+        heads="FasterDecoding/medusa-vicuna-33b-v1.3",
+        base="lmsys/vicuna-33b-v1.3",
+        layout="v0.1",
+        description="Vicuna-33B v1.3 with 5 Medusa-1 heads (about 65 GB in fp16)",
+        prompt_template=VICUNA_TEMPLATE,
+    ),
+    "medusa-1.0-vicuna-7b-v1.5": RegistryEntry(
+        heads="FasterDecoding/medusa-1.0-vicuna-7b-v1.5",
+        base=None,
+        layout="v1.0",
+        description="Vicuna-7B v1.5 trained jointly with its heads (Medusa-2)",
+        prompt_template=VICUNA_TEMPLATE,
+    ),
+    "medusa-1.0-zephyr-7b-beta": RegistryEntry(
+        heads="FasterDecoding/medusa-1.0-zephyr-7b-beta",
+        base=None,
+        layout="v1.0",
+        description="Zephyr-7B-beta (Mistral) with Medusa heads",
+        prompt_template=ZEPHYR_TEMPLATE,
+    ),
+}

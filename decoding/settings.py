@@ -1,0 +1,57 @@
+"""What a user can ask of a run, in one dataclass with its own validation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import DecodingError
+
+METHODS = ("medusa", "ar")
+ACCEPTANCE_SCHEMES = ("greedy", "typical", "sample")
+# A run longer than this is almost certainly a typo, and would tie up a shared GPU for minutes.
+MAX_NEW_TOKENS_LIMIT = 4096
+
+
+@dataclass
+class DecodeSettings:
+    method: str = "medusa"
+    max_new_tokens: int = 64
+    # greedy: lossless argmax decoding. typical: Medusa's fast, approximate sampling.
+    # sample: speculative (rejection) sampling over the tree, exactly the base distribution.
+    acceptance: str = "greedy"
+    temperature: float = 1.0  # used by "typical" and "sample" only
+    top_p: float = 1.0
+    epsilon: float = 0.09  # typical acceptance: hard probability threshold
+    delta: float = 0.3  # typical acceptance: entropy-scaled threshold
+    seed: int | None = None
+    # A preset name (see TREE_PRESETS, or one shipped with the heads), "default" for the
+    # model's own default, or a Medusa choices list such as [[0], [0, 0], [1]].
+    tree: str | list[list[int]] = "default"
+    num_heads: int | None = None  # use only the first n heads (cuts the tree to depth n)
+    detailed_trace: bool = True
+
+    def validate(self) -> None:
+        """Raise DecodingError with a message a user can act on."""
+        if self.method not in METHODS:
+            raise DecodingError(f"method must be one of {METHODS}, not {self.method!r}")
+        if self.acceptance not in ACCEPTANCE_SCHEMES:
+            raise DecodingError(
+                f"acceptance must be one of {ACCEPTANCE_SCHEMES}, not {self.acceptance!r}"
+            )
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
+            raise DecodingError("max_new_tokens must be a whole number")
+        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
+            raise DecodingError(
+                f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS_LIMIT}, "
+                f"not {self.max_new_tokens}"
+            )
+        if self.acceptance != "greedy" and not 0.0 < self.temperature <= 10.0:
+            raise DecodingError(f"temperature must be in (0, 10], not {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise DecodingError(f"top_p must be in (0, 1], not {self.top_p}")
+        if not 0.0 <= self.epsilon <= 1.0:
+            raise DecodingError(f"epsilon must be in [0, 1], not {self.epsilon}")
+        if not 0.0 <= self.delta <= 1.0:
+            raise DecodingError(f"delta must be in [0, 1], not {self.delta}")
+        if self.num_heads is not None and self.num_heads < 1:
+            raise DecodingError(f"num_heads must be at least 1, not {self.num_heads}")

@@ -1,0 +1,190 @@
+"""The trace: what one decoding run did, round by round.
+
+This is the one schema the web app, the CLI's `--json` output and the tests read. It is made of
+plain dataclasses holding plain Python values (ints, floats, strings, lists), so `to_dict()` is
+JSON-ready and `RunTrace.from_dict(to_dict())` gives back an equal trace.
+
+Vocabulary used throughout:
+- a *pass* is one forward pass of the base model;
+- a *round* is one pass plus its bookkeeping: for Medusa, draft -> verify -> accept; for plain
+  autoregressive (AR) decoding, a round is one single-token step;
+- the *root* of a Medusa round is the token the base model chose at the end of the previous round
+  (or at prefill). It is already part of the output; the round verifies guesses that follow it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class TreeTrace:
+    """The shape of the candidate tree, the same for every round of a run.
+
+    Node 0 is the root. Node i > 0 holds head `heads[i]`'s rank-`ranks[i]` guess and sits at
+    depth `depths[i]` below the root, so it is a guess for the token `depths[i]` places after
+    the root. `mask[i][j]` is 1 when node i may attend to node j (j is i or one of its ancestors).
+    """
+
+    choices: list[list[int]]
+    parents: list[int]
+    depths: list[int]
+    heads: list[int]
+    ranks: list[int]
+    mask: list[list[int]]
+    name: str = "custom"
+
+    @property
+    def size(self) -> int:
+        return len(self.parents)
+
+
+@dataclass
+class RoundTrace:
+    """One round. For AR runs the tree fields are empty and `emitted_tokens` holds one token."""
+
+    index: int
+    # Position in the sequence (prompt + output so far) at which this round's root sits.
+    position: int
+    # Tokens this round added to the output, in order: accepted head guesses, then the base
+    # model's own next token ("bonus"). `emitted_from_heads` says which of them were guesses.
+    emitted_tokens: list[int]
+    emitted_texts: list[str]
+    emitted_from_heads: list[bool]
+    # Seconds spent in each phase and the moment (seconds since the run's start, prefill
+    # included) this round's tokens were ready: the race replays runs on this clock.
+    time_draft: float
+    time_verify: float
+    time_accept: float
+    t_end: float
+    # --- Medusa only (empty for AR runs or when detailed tracing is off) ---
+    root_token: int | None = None
+    # heads_topk_tokens[h][r]: head h+1's rank-r token; probs are the head's softmax probability.
+    heads_topk_tokens: list[list[int]] = field(default_factory=list)
+    heads_topk_probs: list[list[float]] = field(default_factory=list)
+    # Per tree node: its token, that token's text, the base model's probability of that token
+    # given the node's parent (None for the root), and the base model's own top choice *after*
+    # the node (argmax of the verify logits at that node) with its probability.
+    node_tokens: list[int] = field(default_factory=list)
+    node_texts: list[str] = field(default_factory=list)
+    node_base_probs: list[float | None] = field(default_factory=list)
+    base_argmax_tokens: list[int] = field(default_factory=list)
+    base_argmax_texts: list[str] = field(default_factory=list)
+    base_argmax_probs: list[float] = field(default_factory=list)
+    # The accepted path as node indices, root first; its length minus one is how many head
+    # guesses were accepted.
+    accepted_nodes: list[int] = field(default_factory=list)
+
+    @property
+    def accepted_length(self) -> int:
+        """Tokens this round added: accepted guesses plus the base model's bonus token."""
+        return len(self.emitted_tokens)
+
+    @property
+    def tree_size(self) -> int:
+        return len(self.node_tokens)
+
+
+@dataclass
+class RunSettings:
+    """What the user asked for; enough to reproduce the run."""
+
+    method: str  # "medusa" or "ar"
+    max_new_tokens: int
+    acceptance: str  # "greedy", "typical" or "sample"
+    temperature: float
+    top_p: float
+    epsilon: float
+    delta: float
+    seed: int | None
+    tree: str | None
+    num_heads: int | None
+
+
+@dataclass
+class RunTrace:
+    """A whole run: settings, the prompt, every round and the totals the UI and CLI report."""
+
+    model: str
+    device: str
+    dtype: str
+    settings: RunSettings
+    prompt: str
+    prompt_tokens: list[int]
+    tree: TreeTrace | None = None
+    rounds: list[RoundTrace] = field(default_factory=list)
+    # The first token comes out of the prefill pass (before any round).
+    prefill_token: int | None = None
+    prefill_text: str = ""
+    time_prefill: float = 0.0
+    stop_reason: str = ""  # "max_new_tokens", "eos" or "context_limit"
+    total_time: float = 0.0
+    detailed: bool = True
+
+    # ----- totals, derived from the rounds so they can never disagree with them -----
+    @property
+    def tokens(self) -> list[int]:
+        """Every generated token, prefill token first."""
+        out = [] if self.prefill_token is None else [self.prefill_token]
+        for r in self.rounds:
+            out.extend(r.emitted_tokens)
+        return out
+
+    @property
+    def texts(self) -> list[str]:
+        out = [] if self.prefill_token is None else [self.prefill_text]
+        for r in self.rounds:
+            out.extend(r.emitted_texts)
+        return out
+
+    @property
+    def text(self) -> str:
+        return "".join(self.texts)
+
+    @property
+    def forward_passes(self) -> int:
+        """Prefill plus one pass per round."""
+        return (1 if self.prefill_token is not None else 0) + len(self.rounds)
+
+    @property
+    def mean_accepted(self) -> float:
+        """Mean tokens added per decoding pass (prefill excluded): 1.0 for AR by construction."""
+        if not self.rounds:
+            return 0.0
+        return sum(r.accepted_length for r in self.rounds) / len(self.rounds)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.tokens) / self.total_time if self.total_time > 0 else 0.0
+
+    # ----- JSON -----
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data.update(
+            tokens=self.tokens,
+            text=self.text,
+            forward_passes=self.forward_passes,
+            mean_accepted=self.mean_accepted,
+            tokens_per_second=self.tokens_per_second,
+        )
+        return data
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunTrace:
+        names = {f.name for f in dataclasses.fields(cls)}
+        fields = {k: v for k, v in data.items() if k in names}
+        fields["settings"] = RunSettings(**fields["settings"])
+        if fields.get("tree") is not None:
+            fields["tree"] = TreeTrace(**fields["tree"])
+        fields["rounds"] = [RoundTrace(**r) for r in fields.get("rounds", [])]
+        return cls(**fields)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunTrace:
+        return cls.from_dict(json.loads(text))
