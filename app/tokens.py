@@ -1,0 +1,78 @@
+"""Token text for display: visible whitespace for labels, coloured HTML for the output stream."""
+
+from __future__ import annotations
+
+import html
+
+from decoding.trace import RunTrace
+
+from .palette import BASE, head_colour
+
+# Whitespace is invisible on a figure; these stand-ins make " the" and "the" look different.
+_VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
+
+
+def visible(text: str) -> str:
+    """The token with its whitespace drawn, e.g. ' the' -> '␣the', '\\n' -> '↵'."""
+    return "".join(_VISIBLE.get(ch, ch) for ch in text) if text else "∅"
+
+
+def token_label(text: str, max_chars: int = 10) -> str:
+    """A short label for a crowded figure; the full token goes in the hover text."""
+    shown = visible(text)
+    return shown if len(shown) <= max_chars else shown[: max_chars - 1] + "…"
+
+
+def _token_span(text: str, depth: int) -> str:
+    """One token: coloured by who produced it (depth 0 = the base model, d = head d)."""
+    colour = head_colour(depth)
+    kind = "base model" if depth == 0 else f"head {depth} guess, accepted"
+    return (
+        f'<span class="tok {"tok-base" if depth == 0 else "tok-head"}" '
+        f'style="--tok:{colour}" title="{kind}">{html.escape(text)}</span>'
+    )
+
+
+def stream_html(trace: RunTrace | None, until: float | None = None, show_prompt: bool = True,
+                caret: bool = False) -> str:
+    """The run's output as HTML, one group per forward pass, tokens coloured by their source.
+
+    `until` (seconds since the run's start) keeps only what had been produced by then: the
+    race replays a measured run with it.
+    """
+    if trace is None:
+        return '<div class="stream stream-empty">Press <b>Run</b> to generate.</div>'
+    parts = []
+    if show_prompt:
+        parts.append(f'<span class="prompt">{html.escape(trace.prompt)}</span>')
+    if trace.prefill_token is not None and (until is None or trace.time_prefill <= until):
+        parts.append(
+            f'<span class="pass" title="prefill pass: the base model reads the prompt">'
+            f"{_token_span(trace.prefill_text, 0)}</span>"
+        )
+    for rnd in trace.rounds:
+        if until is not None and rnd.t_end > until:
+            break
+        heads = sum(rnd.emitted_from_heads)
+        spans = "".join(
+            _token_span(text, depth + 1 if from_head else 0)
+            for depth, (text, from_head) in enumerate(
+                zip(rnd.emitted_texts, rnd.emitted_from_heads)
+            )
+        )
+        title = f"pass {rnd.index + 1}: {rnd.accepted_length} token(s), {heads} from heads"
+        parts.append(f'<span class="pass" title="{title}">{spans}</span>')
+    if caret:
+        parts.append('<span class="caret">▍</span>')
+    return f'<div class="stream">{"".join(parts)}</div>'
+
+
+def legend_html(num_heads: int) -> str:
+    """The key to the stream's colours."""
+    items = [f'<span class="key" style="--tok:{BASE}">base model (1 per pass)</span>']
+    items += [
+        f'<span class="key" style="--tok:{head_colour(d)}">head {d}</span>'
+        for d in range(1, num_heads + 1)
+    ]
+    note = '<span class="key-note">boxes = one forward pass each</span>'
+    return f'<div class="legend">{"".join(items)}{note}</div>'

@@ -1,0 +1,113 @@
+"""Hand-made traces for the app's tests: no model, fully predictable, built like the engine's.
+
+`make_tree` derives parents, depths and the ancestor mask from a choices list with plain Python
+(independently of `decoding.tree`), and `make_run` fakes greedy rounds on it: each round accepts
+a chosen path, whose tokens then equal the base model's argmax at their parents, as greedy
+acceptance requires.
+"""
+
+from __future__ import annotations
+
+import random
+
+from decoding.trace import RoundTrace, RunSettings, RunTrace, TreeTrace
+
+WORDS = [" the", " of", " and", " to", " a", " her", " was", " in", " it", " she", " not", " be",
+         ",", ".", "\n", " Elizabeth", " Darcy", " said", " had", " very", " with", " for"]
+
+
+def make_tree(choices: list[list[int]], name: str = "test") -> TreeTrace:
+    paths = sorted((tuple(p) for p in choices), key=lambda p: (len(p), p))
+    index = {p: i + 1 for i, p in enumerate(paths)}
+    parents = [-1] + [index.get(p[:-1], 0) for p in paths]
+    n = len(parents)
+    mask = [[0] * n for _ in range(n)]
+    for node in range(n):
+        walk = node
+        while walk >= 0:
+            mask[node][walk] = 1
+            walk = parents[walk]
+    depths = [0] + [len(p) for p in paths]
+    return TreeTrace(choices=[list(p) for p in paths], parents=parents, depths=depths,
+                     heads=list(depths), ranks=[0] + [p[-1] for p in paths], mask=mask, name=name)
+
+
+def path_nodes(tree: TreeTrace, leaf: int) -> list[int]:
+    path = [leaf]
+    while tree.parents[path[-1]] >= 0:
+        path.append(tree.parents[path[-1]])
+    return path[::-1]
+
+
+def make_round(tree: TreeTrace, index: int, accepted: list[int], t_start: float,
+               rng: random.Random, root_token: int) -> RoundTrace:
+    n = tree.size
+    num_heads = max(tree.depths)
+    top_k = max(tree.ranks) + 1
+    argmax = [rng.randrange(len(WORDS)) for _ in range(n)]
+    tokens = [root_token] + [rng.randrange(len(WORDS)) for _ in range(n - 1)]
+    for node in accepted[1:]:
+        tokens[node] = argmax[tree.parents[node]]
+    for node in range(1, n):  # a rejected child must differ from its parent's argmax
+        if node not in accepted and tokens[node] == argmax[tree.parents[node]]:
+            tokens[node] = (tokens[node] + 1) % len(WORDS)
+    emitted = [tokens[node] for node in accepted[1:]] + [argmax[accepted[-1]]]
+    heads_probs = [[round(0.6 / (r + 1), 3) for r in range(top_k)] for _ in range(num_heads)]
+    return RoundTrace(
+        index=index, position=10 + index, emitted_tokens=emitted,
+        emitted_texts=[WORDS[t] for t in emitted],
+        emitted_from_heads=[True] * (len(emitted) - 1) + [False],
+        time_draft=0.001, time_verify=0.004, time_accept=0.0005, t_end=t_start + 0.0055,
+        root_token=root_token,
+        heads_topk_tokens=[[rng.randrange(len(WORDS)) for _ in range(top_k)] for _ in range(num_heads)],
+        heads_topk_probs=heads_probs,
+        node_tokens=tokens, node_texts=[WORDS[t] for t in tokens],
+        node_base_probs=[None] + [round(rng.random(), 3) for _ in range(n - 1)],
+        base_argmax_tokens=argmax, base_argmax_texts=[WORDS[t] for t in argmax],
+        base_argmax_probs=[round(0.3 + 0.7 * rng.random(), 3) for _ in range(n)],
+        accepted_nodes=accepted,
+    )
+
+
+def settings(method: str = "medusa", max_new_tokens: int = 32, tree: str | None = "test") -> RunSettings:
+    return RunSettings(method=method, max_new_tokens=max_new_tokens, acceptance="greedy",
+                       temperature=0.0, top_p=1.0, epsilon=0.09, delta=0.3, seed=None,
+                       tree=tree, num_heads=None)
+
+
+def make_run(choices: list[list[int]], accepted_leaves: list[int], seed: int = 0) -> RunTrace:
+    """A finished Medusa run whose round k accepts the path to node `accepted_leaves[k]`."""
+    rng = random.Random(seed)
+    tree = make_tree(choices)
+    trace = RunTrace(model="hand-made", device="cpu", dtype="float32", settings=settings(),
+                     prompt="It is a truth", prompt_tokens=[1, 2, 3, 4], tree=tree,
+                     prefill_token=0, prefill_text=WORDS[0], time_prefill=0.01)
+    t = trace.time_prefill
+    root = 0
+    for k, leaf in enumerate(accepted_leaves):
+        rnd = make_round(tree, k, path_nodes(tree, leaf), t, rng, root)
+        trace.rounds.append(rnd)
+        t, root = rnd.t_end, rnd.emitted_tokens[-1]
+    trace.stop_reason, trace.total_time = "max_new_tokens", t
+    return trace
+
+
+def make_ar_run(num_tokens: int, seconds_per_token: float = 0.004) -> RunTrace:
+    """A finished plain (autoregressive) run: one token per round."""
+    trace = RunTrace(model="hand-made", device="cpu", dtype="float32",
+                     settings=settings("ar", num_tokens, None), prompt="It is a truth",
+                     prompt_tokens=[1, 2, 3, 4], prefill_token=0, prefill_text=WORDS[0],
+                     time_prefill=0.01)
+    t = trace.time_prefill
+    for k in range(num_tokens - 1):
+        t += seconds_per_token
+        word = (k + 1) % len(WORDS)
+        trace.rounds.append(RoundTrace(
+            index=k, position=4 + k, emitted_tokens=[word], emitted_texts=[WORDS[word]],
+            emitted_from_heads=[False], time_draft=0.0, time_verify=seconds_per_token,
+            time_accept=0.0, t_end=t))
+    trace.stop_reason, trace.total_time = "max_new_tokens", t
+    return trace
+
+
+SMALL_CHOICES = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
