@@ -1,0 +1,135 @@
+"""`python -m decoding bench`: plain decoding vs Medusa, measured side by side in one process.
+
+Machines are noisy, so nothing is compared across runs: after a warm-up, every prompt is decoded
+by AR and by Medusa (with and without detailed tracing) in alternating order, and the ratios come
+from totals gathered in the same minutes. Several trees can be compared in one run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tqdm import tqdm
+
+from .generate import generate, resolve_tree
+from .loading import MedusaModel
+from .settings import DecodeSettings
+
+
+@dataclass
+class MethodTotals:
+    tokens: int = 0
+    seconds: float = 0.0
+    passes: int = 0
+    rounds: int = 0
+    round_tokens: int = 0
+
+    def add(self, trace) -> None:
+        self.tokens += len(trace.tokens)
+        self.seconds += trace.total_time
+        self.passes += trace.forward_passes
+        self.rounds += len(trace.rounds)
+        self.round_tokens += sum(r.accepted_length for r in trace.rounds)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        return self.round_tokens / self.rounds if self.rounds else 0.0
+
+    def to_dict(self) -> dict:
+        return {"tokens": self.tokens, "seconds": self.seconds, "forward_passes": self.passes,
+                "tokens_per_second": self.tokens_per_second, "mean_accepted": self.mean_accepted}
+
+
+@dataclass
+class TreeResult:
+    tree: str
+    tree_size: int
+    medusa: MethodTotals = field(default_factory=MethodTotals)
+    untraced: MethodTotals = field(default_factory=MethodTotals)
+    identical: bool = True
+
+
+def _settings(base: DecodeSettings, **changes) -> DecodeSettings:
+    return DecodeSettings(**{**base.__dict__, **changes})
+
+
+def run_bench(mm: MedusaModel, prompts: list[str], settings: DecodeSettings,
+              trees: list, progress: bool = True) -> dict:
+    """Decode every prompt with AR and with Medusa for each tree; return totals and ratios."""
+    ar_settings = _settings(settings, method="ar")
+    medusa_settings = [_settings(settings, method="medusa", tree=t) for t in trees]
+    # Warm-up: first calls pay for allocations and lazy initialisation; keep that out of the figures.
+    warm = _settings(settings, max_new_tokens=min(8, settings.max_new_tokens))
+    generate(mm, prompts[0], _settings(warm, method="ar"))
+    for s in medusa_settings:
+        generate(mm, prompts[0], _settings(s, max_new_tokens=warm.max_new_tokens))
+
+    ar = MethodTotals()
+    # Each tree's own name and size, after pruning to the heads in use.
+    results = [TreeResult(t.name, t.size) for t in (resolve_tree(mm, s) for s in medusa_settings)]
+    for i, prompt in enumerate(tqdm(prompts, desc="bench", disable=not progress)):
+        # Alternate the order so neither method always runs on a warmer (or hotter) machine.
+        plan = ["ar", "medusa"] if i % 2 == 0 else ["medusa", "ar"]
+        outputs: dict[str, list[int]] = {}
+        for step in plan:
+            if step == "ar":
+                ar_trace = generate(mm, prompt, ar_settings)
+                ar.add(ar_trace)
+                outputs["ar"] = ar_trace.tokens
+                continue
+            for s, result in zip(medusa_settings, results):
+                traced = generate(mm, prompt, s)
+                plain = generate(mm, prompt, _settings(s, detailed_trace=False))
+                result.medusa.add(traced)
+                result.untraced.add(plain)
+                outputs[result.tree] = traced.tokens
+        for result in results:
+            result.identical &= outputs[result.tree] == outputs["ar"]
+
+    rows = []
+    for r in results:
+        rows.append({
+            "tree": r.tree, "tree_size": r.tree_size,
+            "speedup": ar.seconds / r.medusa.seconds if r.medusa.seconds else 0.0,
+            "mean_accepted": r.medusa.mean_accepted,
+            "identical": r.identical if settings.acceptance == "greedy" else None,
+            "trace_overhead": (r.medusa.seconds - r.untraced.seconds) / r.untraced.seconds
+            if r.untraced.seconds else 0.0,
+            "medusa": r.medusa.to_dict(), "medusa_untraced": r.untraced.to_dict(),
+        })
+    first = rows[0]
+    return {
+        "model": mm.name, "device": str(mm.device), "dtype": str(mm.dtype).removeprefix("torch."),
+        "prompts": len(prompts), "max_new_tokens": settings.max_new_tokens,
+        "acceptance": settings.acceptance,
+        "speedup": first["speedup"], "mean_accepted": first["mean_accepted"],
+        "identical": first["identical"], "trace_overhead": first["trace_overhead"],
+        "ar": ar.to_dict(), "medusa": first["medusa"], "trees": rows,
+    }
+
+
+def format_table(report: dict) -> str:
+    """The human-readable form of `run_bench`'s report."""
+    ar = report["ar"]
+    lines = [
+        f"model {report['model']} on {report['device']} ({report['dtype']}), "
+        f"{report['prompts']} prompts x {report['max_new_tokens']} new tokens, "
+        f"acceptance {report['acceptance']}",
+        f"AR: {ar['tokens_per_second']:.1f} tok/s, {ar['forward_passes']} passes for {ar['tokens']} tokens",
+        "",
+        f"{'tree':<16}{'nodes':>6}{'tok/s':>9}{'speedup':>9}{'accepted/pass':>15}"
+        f"{'passes':>8}{'trace cost':>12}{'identical':>11}",
+    ]
+    for row in report["trees"]:
+        m = row["medusa"]
+        same = "-" if row["identical"] is None else ("yes" if row["identical"] else "NO")
+        lines.append(
+            f"{row['tree']:<16}{row['tree_size']:>6}{m['tokens_per_second']:>9.1f}"
+            f"{row['speedup']:>8.2f}x{row['mean_accepted']:>15.2f}{m['forward_passes']:>8}"
+            f"{row['trace_overhead']:>11.1%}{same:>11}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,138 @@
+"""The command line: `python -m decoding {generate,bench,train-base,train-heads} ...`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import train_base, train_heads
+from .bench import format_table, run_bench
+from .errors import DecodingError
+from .generate import generate
+from .loading import load_model
+from .settings import ACCEPTANCE_SCHEMES, METHODS, DecodeSettings
+
+
+def parse_tree(value: str) -> str | list[list[int]]:
+    """A preset name, or a Medusa choices list written as JSON."""
+    if value.lstrip().startswith("["):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as e:
+            raise argparse.ArgumentTypeError(
+                f"the tree is not valid JSON ({e.msg} at character {e.pos})") from e
+    return value
+
+
+def _add_model_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None,
+                   help="embedded model name, registry name, local directory or hub id "
+                        "(default: the embedded model)")
+    p.add_argument("--heads", default=None, help="directory or hub id of the heads, if separate")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, mps")
+    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
+
+
+def _add_decoding_arguments(p: argparse.ArgumentParser, many_trees: bool = False) -> None:
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--tree", type=parse_tree, default=["default"] if many_trees else "default",
+                   nargs="+" if many_trees else None,
+                   help="preset name, or a choices list as JSON, e.g. '[[0],[0,0],[1]]'"
+                        + ("; several to compare them in one run" if many_trees else ""))
+    p.add_argument("--num-heads", type=int, default=None, help="use only the first n heads")
+    p.add_argument("--acceptance", choices=ACCEPTANCE_SCHEMES, default="greedy")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--epsilon", type=float, default=0.09, help="typical acceptance threshold")
+    p.add_argument("--delta", type=float, default=0.3, help="typical acceptance entropy factor")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _settings(args: argparse.Namespace, **overrides) -> DecodeSettings:
+    settings = DecodeSettings(
+        method=getattr(args, "method", "medusa"), max_new_tokens=args.max_new_tokens,
+        acceptance=args.acceptance, temperature=args.temperature, top_p=args.top_p,
+        epsilon=args.epsilon, delta=args.delta, seed=args.seed, tree=args.tree,
+        num_heads=args.num_heads,
+    )
+    for key, value in overrides.items():
+        setattr(settings, key, value)
+    settings.validate()
+    return settings
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    mm = load_model(args.model, args.heads, args.device, args.dtype)
+    trace = generate(mm, args.prompt, settings)
+    if args.json:
+        print(trace.to_json())
+        return 0
+    print(trace.prompt + trace.text)
+    print(
+        f"\n[{args.method}] {len(trace.tokens)} tokens in {trace.forward_passes} passes "
+        f"(mean {trace.mean_accepted:.2f} tokens per pass), {trace.tokens_per_second:.1f} tok/s, "
+        f"stopped at {trace.stop_reason}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def read_prompts(path: Path) -> list[str]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise DecodingError(f"cannot read prompts file {path}: {e.strerror}") from e
+    prompts = [line.strip() for line in lines if line.strip()]
+    if not prompts:
+        raise DecodingError(f"{path} holds no prompts (one per line)")
+    return prompts
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    prompts = read_prompts(args.prompts)
+    trees = args.tree
+    settings = _settings(args, tree=trees[0])
+    mm = load_model(args.model, args.heads, args.device, args.dtype)
+    report = run_bench(mm, prompts, settings, trees, progress=not args.json)
+    print(json.dumps(report, indent=2) if args.json else format_table(report))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m decoding", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="decode one prompt, Medusa or plain")
+    _add_model_arguments(gen)
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--method", choices=METHODS, default="medusa")
+    _add_decoding_arguments(gen)
+    gen.set_defaults(func=cmd_generate)
+
+    bench = sub.add_parser("bench", help="AR vs Medusa speed, side by side in one run")
+    _add_model_arguments(bench)
+    bench.add_argument("--prompts", type=Path, required=True, help="text file, one prompt a line")
+    _add_decoding_arguments(bench, many_trees=True)
+    bench.set_defaults(func=cmd_bench)
+
+    tb = sub.add_parser("train-base", help="train the small base LM from scratch (offline, CPU)")
+    train_base.add_arguments(tb)
+    tb.set_defaults(func=train_base.run)
+
+    th = sub.add_parser("train-heads", help="train Medusa heads for any causal LM")
+    train_heads.add_arguments(th)
+    th.set_defaults(func=train_heads.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except DecodingError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,133 @@
+"""Heads load to identical weights from every published layout; wrong layouts get a clear error."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from decoding import DecodingError, load_model
+from decoding.heads import HeadsConfig, MedusaHeads
+
+NUM_HEADS = 5  # the published v0.1 config says 2; the weights say 5, and the weights win
+
+
+@pytest.fixture()
+def reference_heads(tiny_llama):
+    c = tiny_llama.heads.config
+    heads = MedusaHeads(HeadsConfig(NUM_HEADS, 1, c.hidden_size, c.vocab_size))
+    torch.manual_seed(7)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.copy_(torch.randn_like(p))
+    return heads
+
+
+def published_state(heads: MedusaHeads) -> dict[str, torch.Tensor]:
+    """The v0.1 key names: `{i}.0.linear.weight`, `{i}.0.linear.bias`, `{i}.1.weight`."""
+    return {k.removeprefix("heads."): v.clone() for k, v in heads.state_dict().items()}
+
+
+def assert_same_heads(loaded: MedusaHeads, expected: MedusaHeads) -> None:
+    assert loaded.num_heads == expected.num_heads
+    a, b = loaded.state_dict(), expected.state_dict()
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key].float(), b[key].float()), key
+
+
+def write_v01(directory, heads, base_dir, suffix):
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({
+        "base_model_name_or_path": str(base_dir), "medusa_num_heads": 2, "medusa_num_layers": 1,
+    }))
+    state = published_state(heads)
+    if suffix == ".pt":
+        torch.save(state, directory / "medusa_lm_head.pt")
+    else:
+        save_file(state, str(directory / "medusa_lm_head.safetensors"))
+
+
+@pytest.mark.parametrize("suffix", [".pt", ".safetensors"])
+def test_v01_heads_directory(tmp_path, tiny_dirs, reference_heads, suffix):
+    write_v01(tmp_path / "heads", reference_heads, tiny_dirs["llama"], suffix)
+    mm = load_model(str(tmp_path / "heads"))
+    assert_same_heads(mm.heads, reference_heads)
+    assert mm.num_heads == NUM_HEADS
+
+
+def test_v01_heads_given_separately(tmp_path, tiny_dirs, reference_heads):
+    write_v01(tmp_path / "heads", reference_heads, "unused", ".pt")
+    mm = load_model(str(tiny_dirs["llama"]), heads=str(tmp_path / "heads"))
+    assert_same_heads(mm.heads, reference_heads)
+
+
+def test_v10_whole_model_layout(tmp_path, tiny_dirs, reference_heads):
+    target = tmp_path / "v10"
+    shutil.copytree(tiny_dirs["llama"], target)
+    for name in ("medusa_heads.safetensors", "medusa_config.json"):
+        (target / name).unlink()
+    weights = target / "model.safetensors"
+    state = load_file(str(weights))
+    state.update({f"medusa_head.{k}": v for k, v in published_state(reference_heads).items()})
+    save_file(state, str(weights), metadata={"format": "pt"})
+    config = json.loads((target / "config.json").read_text())
+    config.update(medusa_num_heads=NUM_HEADS, medusa_num_layers=1)
+    (target / "config.json").write_text(json.dumps(config))
+    mm = load_model(str(target))
+    assert_same_heads(mm.heads, reference_heads)
+
+
+def test_shared_lm_head_variant(tmp_path, tiny_dirs, reference_heads):
+    """"Version 2" heads have no projection of their own: they reuse the base lm_head."""
+    state = {k: v for k, v in published_state(reference_heads).items() if ".linear." in k}
+    (tmp_path / "heads").mkdir()
+    save_file(state, str(tmp_path / "heads" / "medusa_lm_head.safetensors"))
+    (tmp_path / "heads" / "config.json").write_text(json.dumps({"base_model_name_or_path": str(tiny_dirs["llama"])}))
+    mm = load_model(str(tmp_path / "heads"))
+    assert mm.heads.config.shared_lm_head and mm.num_heads == NUM_HEADS
+    hidden = torch.randn(mm.heads.config.hidden_size)
+    lm_head = mm.model.get_output_embeddings()
+    expected = lm_head(reference_heads.heads[2][0](hidden))
+    assert torch.allclose(mm.heads(hidden, lm_head=lm_head)[2], expected)
+
+
+def test_own_layout_round_trip(tmp_path, reference_heads):
+    reference_heads.save(tmp_path, extra={"trees": {"t": [[0]]}})
+    loaded, meta = MedusaHeads.load(tmp_path)
+    assert_same_heads(loaded, reference_heads)
+    assert meta["trees"] == {"t": [[0]]}
+
+
+def test_directory_without_heads_is_refused(tmp_path, tiny_dirs):
+    target = tmp_path / "plain"
+    shutil.copytree(tiny_dirs["llama"], target)
+    (target / "medusa_heads.safetensors").unlink()
+    (target / "medusa_config.json").unlink()
+    with pytest.raises(DecodingError, match="no Medusa heads found"):
+        load_model(str(target))
+
+
+def test_wrong_key_layout_is_refused(tmp_path, tiny_dirs):
+    (tmp_path / "heads").mkdir()
+    save_file({"something.else": torch.zeros(2)}, str(tmp_path / "heads" / "medusa_lm_head.safetensors"))
+    (tmp_path / "heads" / "config.json").write_text(json.dumps({"base_model_name_or_path": str(tiny_dirs["llama"])}))
+    with pytest.raises(DecodingError, match="no Medusa head weights"):
+        load_model(str(tmp_path / "heads"))
+
+
+def test_heads_for_another_model_are_refused(tmp_path, tiny_dirs):
+    heads = MedusaHeads(HeadsConfig(2, 1, 48, 320))
+    heads.save(tmp_path)
+    with pytest.raises(DecodingError, match="hidden size 48"):
+        load_model(str(tiny_dirs["llama"]), heads=str(tmp_path))
+
+
+def test_unknown_model_is_refused():
+    with pytest.raises(DecodingError, match="unknown model"):
+        load_model("/no/such/model/dir")
+    with pytest.raises(DecodingError, match="could not fetch"):
+        load_model("no-such-owner/no-such-model")  # offline here: the hub cannot be reached
