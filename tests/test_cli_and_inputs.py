@@ -1,0 +1,113 @@
+"""The CLI and the Python API: clear messages for bad input, JSON output as documented."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from decoding import DecodeSettings, DecodingError, RunTrace, generate
+from decoding.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("prompt, settings, message", [
+    ("", {}, "prompt is empty"),
+    ("   \n", {}, "prompt is empty"),
+    ("word " * 600, {}, "shorten it"),
+    ("hello", {"max_new_tokens": 0}, "between 1 and"),
+    ("hello", {"max_new_tokens": 10**7}, "between 1 and"),
+    ("hello", {"tree": [[0], [0, 0, 0]]}, "no parent"),
+    ("hello", {"tree": "nope"}, "unknown tree"),
+    ("hello", {"num_heads": 9}, "cannot use 9"),
+    ("hello", {"acceptance": "magic"}, "acceptance must be"),
+    ("hello", {"acceptance": "sample", "temperature": 0}, "temperature"),
+])
+def test_bad_input_is_a_clear_error(tiny_llama, prompt, settings, message):
+    with pytest.raises(DecodingError, match=message):
+        generate(tiny_llama, prompt, DecodeSettings(**settings))
+
+
+def test_cli_generate_json(capsys, tiny_dirs):
+    code, out, _ = run_cli(capsys, "generate", "--model", str(tiny_dirs["llama"]), "--prompt", "It is",
+                           "--max-new-tokens", "12", "--tree", "[[0],[0,0],[1]]", "--json")
+    assert code == 0
+    data = json.loads(out)
+    for key in ("tokens", "text", "rounds", "mean_accepted", "forward_passes", "tokens_per_second"):
+        assert key in data
+    assert len(data["tokens"]) == 12 and data["forward_passes"] == 1 + len(data["rounds"])
+    assert RunTrace.from_dict(data).tokens == data["tokens"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--prompt", ""], "prompt is empty"),
+    (["--prompt", "x", "--max-new-tokens", "-3"], "between 1 and"),
+    (["--prompt", "x", "--tree", "[[0], [0, 5, 0]]"], "no parent"),
+])
+def test_cli_bad_input_exits_2_with_one_line(capsys, tiny_dirs, argv, message):
+    code, out, err = run_cli(capsys, "generate", "--model", str(tiny_dirs["llama"]), *argv)
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_cli_unknown_model(capsys):
+    code, _, err = run_cli(capsys, "generate", "--model", "/nowhere/model", "--prompt", "x")
+    assert code == 2 and "unknown model" in err
+
+
+def test_cli_malformed_tree_json(capsys, tiny_dirs):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "--model", str(tiny_dirs["llama"]), "--prompt", "x", "--tree", "[[0],"])
+    assert exit_info.value.code == 2
+    assert "not valid JSON" in capsys.readouterr().err
+
+
+def test_cli_bench_json(capsys, tiny_dirs, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("It is a truth\nThe quick brown fox\n")
+    code, out, _ = run_cli(capsys, "bench", "--model", str(tiny_dirs["llama"]), "--prompts", str(prompts),
+                           "--max-new-tokens", "16", "--tree", "chain-3", "cpu-12", "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert report["identical"] is True and report["speedup"] > 0 and "trace_overhead" in report
+    assert report["ar"]["tokens_per_second"] > 0 and report["medusa"]["tokens_per_second"] > 0
+    assert [row["tree"] for row in report["trees"]] == ["chain-3", "cpu-12"]
+    assert report["ar"]["tokens"] == 2 * 16 and report["ar"]["forward_passes"] == 2 * 16
+
+
+def test_module_entry_point_runs_as_a_process(tiny_dirs):
+    """`python -m decoding` itself, in a fresh process, as a user would run it."""
+    result = subprocess.run(
+        [sys.executable, "-m", "decoding", "generate", "--model", str(tiny_dirs["gpt2"]),
+         "--prompt", "Hello", "--max-new-tokens", "8", "--method", "ar", "--json"],
+        capture_output=True, text=True, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert len(json.loads(result.stdout)["tokens"]) == 8
+
+
+def test_trace_json_round_trip(tiny_llama):
+    trace = generate(tiny_llama, "It is a truth", DecodeSettings(max_new_tokens=20))
+    again = RunTrace.from_json(trace.to_json())
+    assert again == trace
+    assert again.mean_accepted == trace.mean_accepted and again.text == trace.text
+    # What the UI draws from comes straight from the trace: check it is self-consistent.
+    assert trace.tree is not None and len(trace.tree.mask) == trace.tree.size
+    for r in trace.rounds:
+        assert len(r.node_tokens) == trace.tree.size
+        accepted_guesses = [r.node_tokens[n] for n in r.accepted_nodes[1:]]
+        assert r.emitted_tokens[: len(accepted_guesses)] == accepted_guesses[: len(r.emitted_tokens)]
+        # Greedy: each accepted node's token is the base model's argmax at its parent.
+        for node in r.accepted_nodes[1:]:
+            parent = trace.tree.parents[node]
+            assert r.node_tokens[node] == r.base_argmax_tokens[parent]
