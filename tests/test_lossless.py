@@ -7,6 +7,7 @@ tree and the heads; the architectures are real transformers classes built from c
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -71,3 +72,61 @@ def test_ar_baseline_equals_generate(tiny_models):
         trace = generate(mm, "It is a truth", DecodeSettings(method="ar", max_new_tokens=NEW_TOKENS))
         assert trace.tokens == reference_greedy(mm, "It is a truth", NEW_TOKENS)
         assert trace.forward_passes == NEW_TOKENS and trace.mean_accepted == 1.0
+
+
+class OracleHeads(torch.nn.Module):
+    """Heads wired to the model: they look up the true greedy future of the nearest known state.
+
+    Random heads are almost always wrong, which only exercises rejection. These are right most of
+    the time — and wrong on purpose at every `wrong_every`-th position, where they put the true
+    token at rank 1 instead of 0 — so long acceptances, runner-up acceptances and rejections
+    all happen in one run.
+    """
+
+    def __init__(self, states: torch.Tensor, futures: list[list[int]], vocab: int, num_heads: int,
+                 wrong_every: int) -> None:
+        super().__init__()
+        self.states, self.futures, self.wrong_every = states, futures, wrong_every
+        self.config = HeadsConfig(num_heads, 0, states.shape[-1], vocab)
+        self.num_heads = num_heads
+
+    def forward(self, hidden: torch.Tensor, lm_head=None) -> torch.Tensor:
+        position = int((self.states - hidden).norm(dim=-1).argmin())
+        logits = torch.zeros(self.num_heads, self.config.vocab_size)
+        for k, token in enumerate(self.futures[position][: self.num_heads]):
+            logits[k, token] = 10.0
+            if (position + k) % self.wrong_every == 0:
+                logits[k, (token + 1) % self.config.vocab_size] = 20.0  # a wrong top-1 guess
+        return logits
+
+
+def oracle_heads(mm, prompt: str, num_heads: int, wrong_every: int) -> OracleHeads:
+    prompt_ids = mm.tokenizer(prompt).input_ids
+    sequence = prompt_ids + reference_greedy(mm, prompt, NEW_TOKENS + num_heads + 2)
+    with torch.no_grad():
+        hidden = mm.model(torch.tensor([sequence]), output_hidden_states=True).hidden_states[-1][0]
+    # Head k at position t guesses token t+1+k (k = 1..K): the lm_head already covers t+1.
+    futures = [sequence[t + 2 : t + 2 + num_heads] for t in range(len(sequence))]
+    vocab = mm.model.get_output_embeddings().weight.shape[0]
+    return OracleHeads(hidden, futures, vocab, num_heads, wrong_every)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+@pytest.mark.parametrize("tree", ["mc_sim_7b_63", "cpu-12", "chain-3"])
+def test_lossless_with_heads_that_are_mostly_right(tiny_models, arch, tree):
+    mm = tiny_models[arch]
+    prompt = "It is a truth universally"
+    original = mm.heads
+    mm.heads = oracle_heads(mm, prompt, num_heads=4, wrong_every=5)
+    try:
+        trace = generate(mm, prompt, DecodeSettings(max_new_tokens=NEW_TOKENS, tree=tree))
+    finally:
+        mm.heads = original
+    assert trace.tokens == reference_greedy(mm, prompt, NEW_TOKENS)
+    lengths = [r.accepted_length for r in trace.rounds]
+    depth = min(4, trace.tree and max(trace.tree.depths))
+    assert max(lengths) == depth + 1  # whole paths accepted: every guess plus the bonus token
+    assert trace.mean_accepted > 2.0
+    if tree != "chain-3":  # only trees with runner-up nodes can accept a rank-1 guess
+        ranks = {trace.tree.ranks[n] for r in trace.rounds for n in r.accepted_nodes[1:]}
+        assert 1 in ranks
