@@ -18,6 +18,7 @@ import inspect
 import json
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -59,11 +60,15 @@ class MedusaModel:
     def num_heads(self) -> int:
         return self.heads.num_heads
 
+    @cached_property
+    def forward_parameters(self) -> frozenset[str]:
+        """The names the model's forward takes, read once: model code differs between families."""
+        return frozenset(inspect.signature(self.model.forward).parameters)
+
     @property
     def cache_argument(self) -> str:
         """transformers 5 renamed `past_key_values` to `cache`; older model code has the old name."""
-        params = inspect.signature(self.model.forward).parameters
-        return "cache" if "cache" in params else "past_key_values"
+        return "cache" if "cache" in self.forward_parameters else "past_key_values"
 
     def token_text(self, token: int) -> str:
         """The text of one token, memoised: tracing reads it for every node of every round."""

@@ -6,7 +6,6 @@ Everything here is one call of the model (or of the heads) and nothing else; the
 
 from __future__ import annotations
 
-import inspect
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -35,7 +34,7 @@ def run_model(
     """
     ids = torch.as_tensor(input_ids, dtype=torch.long, device=mm.device).view(1, -1)
     kwargs = {mm.cache_argument: cache}
-    if last_only and "logits_to_keep" in inspect.signature(mm.model.forward).parameters:
+    if last_only and "logits_to_keep" in mm.forward_parameters:
         kwargs["logits_to_keep"] = 1
     out = mm.model(
         input_ids=ids,

@@ -15,7 +15,7 @@ From the paths we derive, once per tree:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import networkx as nx
 import torch
@@ -110,7 +110,7 @@ class Tree:
         cls, choices: object, num_heads: int, name: str = "custom"
     ) -> Tree:
         paths = _check_choices(choices, num_heads)
-        return cls(tuple(sorted(paths, key=lambda p: (len(p), p))), name)
+        return _shared(cls(tuple(sorted(paths, key=lambda p: (len(p), p))), name))
 
     @classmethod
     def from_preset(cls, name: str, num_heads: int) -> Tree:
@@ -212,6 +212,13 @@ class Tree:
             mask=self.ancestor_mask.int().tolist(),
             name=self.name,
         )
+
+
+@lru_cache(maxsize=64)
+def _shared(tree: Tree) -> Tree:
+    """The first instance seen of an equal tree: its derived buffers are then computed only once,
+    not on every run that asks for the same tree."""
+    return tree
 
 
 def tree_trace(tree: Tree) -> TreeTrace:
