@@ -203,10 +203,13 @@ def _detail(mm: MedusaModel, tree: Tree, round_trace: RoundTrace, node_tokens: t
             logits: torch.Tensor, top_tokens: torch.Tensor, top_probs: torch.Tensor,
             accepted: list[int], root: int) -> None:
     """Fill in what the UI shows for a round: heads' guesses, and the base model at every node."""
-    probs = torch.softmax(logits.float(), dim=-1)
-    base_probs, base_tokens = probs.max(dim=-1)
-    parents = torch.tensor(tree.parents[1:], device=probs.device)
-    node_probs = probs[parents, node_tokens[1:]]
+    # Probabilities from log-sum-exp: no (T, V) softmax table is built just to read T numbers.
+    logits = logits.float()
+    log_norm = logits.logsumexp(dim=-1)
+    best_logits, base_tokens = logits.max(dim=-1)
+    base_probs = torch.exp(best_logits - log_norm)
+    parents = torch.tensor(tree.parents[1:], device=logits.device)
+    node_probs = torch.exp(logits[parents, node_tokens[1:]] - log_norm[parents])
     # One transfer to the CPU for everything, rather than one per number.
     tokens, best, best_p, node_p, head_t, head_p = (
         x.cpu().tolist() for x in (node_tokens, base_tokens, base_probs, node_probs, top_tokens, top_probs)
@@ -246,7 +249,7 @@ def medusa_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings) -> Ite
         start = clock.read()
         # Draft: the heads read the hidden state of the token *before* the root (the one whose
         # logits chose the root), so head k guesses the token k places after the root.
-        top_tokens, top_probs = draft(mm, hidden, tree.top_k)
+        top_tokens, top_probs = draft(mm, hidden, tree.top_k, with_probs=settings.detailed_trace)
         root_tensor = torch.tensor([root], device=mm.device)
         node_tokens = torch.cat([root_tensor, top_tokens.flatten()[draft_index]])
         drafted = clock.read()

@@ -63,16 +63,20 @@ def decode_one_token(mm: MedusaModel, token: int, cache: DynamicCache) -> torch.
     return logits[-1]
 
 
-def draft(mm: MedusaModel, hidden: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def draft(
+    mm: MedusaModel, hidden: torch.Tensor, top_k: int, with_probs: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Every head's top-k guesses from one hidden state: tokens and probabilities, (K, k) each.
 
     Head k's guesses are for the token k+1 places after the position whose hidden state this is,
-    i.e. k places after the root token the base model has just chosen.
+    i.e. k places after the root token the base model has just chosen. The probabilities are
+    only for showing; decoding needs the ranking alone, so they are skipped when not wanted.
     """
-    head_logits = mm.heads(hidden, lm_head=mm.model.get_output_embeddings())
-    probs = torch.softmax(head_logits.float(), dim=-1)
-    top_probs, top_tokens = probs.topk(top_k, dim=-1)
-    return top_tokens, top_probs
+    head_logits = mm.heads(hidden, lm_head=mm.model.get_output_embeddings()).float()
+    top_logits, top_tokens = head_logits.topk(top_k, dim=-1)
+    if not with_probs:
+        return top_tokens, None
+    return top_tokens, torch.exp(top_logits - head_logits.logsumexp(dim=-1, keepdim=True))
 
 
 @lru_cache(maxsize=32)
