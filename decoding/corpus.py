@@ -24,6 +24,8 @@ import struct
 import zlib
 from pathlib import Path
 
+from decoding.errors import DecodingError
+
 DOC_SEPARATOR = "<|endoftext|>"
 JANEAUSTENR_DATA = Path("/usr/lib/R/site-library/janeaustenr/data")
 AUSTEN_BOOKS = (
@@ -52,6 +54,11 @@ def read_janeaustenr(data_dir: Path = JANEAUSTENR_DATA) -> dict[str, list[str]]:
     """
     import rdata  # imported lazily: only the Austen corpus needs it
 
+    if not (data_dir / "Rdata.rdx").exists():
+        raise DecodingError(
+            f"Austen corpus not found at {data_dir}: apt-get install r-cran-janeaustenr, "
+            "or pass --corpus with a .txt file or folder"
+        )
     index = rdata.conversion.convert(
         rdata.parser.parse_data(gzip.decompress((data_dir / "Rdata.rdx").read_bytes()))
     )
@@ -159,8 +166,8 @@ def build_corpus(
     else:
         path = Path(source)
         files = sorted(path.glob("**/*.txt")) if path.is_dir() else [path]
-        if not files:
-            raise FileNotFoundError(f"no .txt files under {path}")
+        if not files or not all(f.is_file() for f in files):
+            raise DecodingError(f"--corpus {source}: not 'austen', a .txt file or a folder of them")
         books = [f.read_text(encoding="utf-8").splitlines() for f in files]
     train_docs: list[list[str]] = []
     heldout_docs: list[list[str]] = []

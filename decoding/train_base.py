@@ -38,12 +38,15 @@ from transformers import (
 )
 
 from decoding.corpus import DOC_SEPARATOR, build_corpus
+from decoding.errors import DecodingError
 
 CHECKPOINT_DIR = "checkpoint"
 CHECKPOINT_FILE = "state.pt"
 LOG_FILE = "training_log.json"
 CURVE_FILE = "loss_curve.png"
 MAX_POSITIONS = 1024
+# Namespace entries a subcommand dispatcher may add that are not train-base flags.
+_NOT_FLAGS = ("func", "command")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,15 +70,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-steps", type=int, default=None)
     parser.add_argument("--max-tokens", type=int, default=None,
                         help="alternative to --max-steps (converted to steps)")
-    parser.add_argument("--max-minutes", type=float, default=None,
-                        help="wall-clock budget for training (cumulative over resumes)")
+    parser.add_argument("--max-minutes", type=float, default=77.0,
+                        help="wall-clock budget for training, 0 for none (cumulative over resumes); "
+                             "the LR schedule follows it, so the result depends on CPU speed")
     parser.add_argument("--eval-every", type=int, default=100, help="steps between held-out evals")
     parser.add_argument("--eval-batches", type=int, default=8,
                         help="held-out batches per eval (fixed windows, same every time)")
     parser.add_argument("--log-every", type=int, default=10, help="steps per train-loss log point")
-    parser.add_argument("--save-every", type=int, default=250, help="steps between checkpoints")
+    parser.add_argument("--save-every", type=int, default=200, help="steps between checkpoints")
     parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads; 1 is faster than 2 on a CPU shared with other jobs, "
+                             "where two threads stall each other at every barrier")
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
                         help="bf16 autocast on CPU")
     parser.add_argument("--resume", action="store_true",
@@ -87,7 +93,7 @@ def command_line(args: argparse.Namespace) -> str:
     parts = ["python", "-m", "decoding", "train-base"]
     for key, value in sorted(vars(args).items()):
         flag = "--" + key.replace("_", "-")
-        if key in ("func", "command") or value is None:
+        if key in _NOT_FLAGS or value is None:
             continue
         if isinstance(value, bool):
             if key == "bf16":
@@ -235,15 +241,17 @@ def plot_curve(log: dict[str, Any], path: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Train (or resume) the base model and save it to ``args.out``; returns an exit code."""
+    """Train (or resume) the base model and save it to ``args.out``; returns 0.
+
+    Raises DecodingError for problems the user can fix (missing checkpoint or corpus).
+    """
     torch.set_num_threads(args.threads)
     out: Path = args.out
     ckpt_dir = out / CHECKPOINT_DIR
     resume_state: dict[str, Any] | None = None
     if args.resume:
         if not (ckpt_dir / CHECKPOINT_FILE).exists():
-            print(f"--resume: no checkpoint at {ckpt_dir / CHECKPOINT_FILE}")
-            return 2
+            raise DecodingError(f"--resume: no checkpoint at {ckpt_dir / CHECKPOINT_FILE}")
         resume_state = torch.load(ckpt_dir / CHECKPOINT_FILE, weights_only=False)
 
     torch.manual_seed(args.seed)
@@ -256,8 +264,7 @@ def run(args: argparse.Namespace) -> int:
     train_ids = encode_stream(tokenizer, train_text)
     heldout_ids = encode_stream(tokenizer, heldout_text)
     if len(train_ids) <= args.seq_len:
-        print(f"corpus too small: {len(train_ids)} tokens for --seq-len {args.seq_len}")
-        return 2
+        raise DecodingError(f"corpus too small: {len(train_ids)} tokens for --seq-len {args.seq_len}")
 
     model = build_model(args, tokenizer)
     params = sum(p.numel() for p in model.parameters())
@@ -267,16 +274,15 @@ def run(args: argparse.Namespace) -> int:
     max_steps = args.max_steps
     if args.max_tokens is not None:
         max_steps = min(max_steps or math.inf, math.ceil(args.max_tokens / tokens_per_step))
-    if max_steps is None and args.max_minutes is None:
-        print("give --max-steps, --max-tokens or --max-minutes")
-        return 2
-    budget_s = args.max_minutes * 60 if args.max_minutes is not None else None
+    budget_s = args.max_minutes * 60 if args.max_minutes else None
+    if max_steps is None and budget_s is None:
+        raise DecodingError("--max-minutes 0 needs --max-steps or --max-tokens")
 
     step, elapsed = 0, 0.0
     log: dict[str, Any] = {
         "command": command_line(args),
         "arguments": {k: str(v) if isinstance(v, Path) else v
-                      for k, v in vars(args).items() if k not in ("func",)},
+                      for k, v in vars(args).items() if k not in _NOT_FLAGS},
         "params": params,
         "seed": args.seed,
         "corpus": args.corpus,

@@ -12,6 +12,7 @@ import torch
 
 from decoding import train_base
 from decoding.corpus import DOC_SEPARATOR, book_to_documents, build_corpus, split_documents
+from decoding.errors import DecodingError
 
 NAMES = ["Emma", "Harriet", "Mr. Knightley", "Elinor", "Marianne", "Anne"]
 VERBS = ["walked to", "spoke of", "thought of", "wrote to", "smiled at", "called on"]
@@ -134,5 +135,8 @@ def test_resume_continues_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6)
 
 
-def test_resume_without_checkpoint_fails(tmp_path: Path) -> None:
-    assert train_base.run(tiny_args(tmp_path, "--max-steps", "5", "--resume")) == 2
+def test_user_errors_are_reported(tmp_path: Path) -> None:
+    with pytest.raises(DecodingError, match="no checkpoint"):
+        train_base.run(tiny_args(tmp_path, "--max-steps", "5", "--resume"))
+    with pytest.raises(DecodingError, match="--corpus"):
+        build_corpus(str(tmp_path / "missing.txt"))
