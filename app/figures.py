@@ -35,8 +35,13 @@ def _base_layout(fig: go.Figure, *, height: int, scale: float, uirevision: str) 
 
 
 def message_figure(message: str, height: int = 320, scale: float = 1.0) -> go.Figure:
-    """An empty figure that says what to do to fill it."""
-    fig = go.Figure()
+    """An empty figure that says what to do to fill it.
+
+    It holds one invisible point: Gradio shows a figure without data as "Empty value" and would
+    skip loading Plotly until the first real figure, making the first run feel slow.
+    """
+    fig = go.Figure(go.Scatter(x=[0], y=[0], mode="markers", marker=dict(opacity=0),
+                               hoverinfo="skip", showlegend=False))
     fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
                        font=dict(size=round(15 * scale), color=BASE))
     fig.update_xaxes(visible=False)
@@ -194,14 +199,16 @@ def mask_cell_values(tree: TreeTrace, rnd: RoundTrace) -> list[list[int]]:
             for row in range(tree.size)]
 
 
-def _mask_hover(tree: TreeTrace, labels: list[str], row: int, col: int) -> str:
-    who, whom = f"node {row} '{labels[row].split(' ', 1)[-1]}'", f"node {col}"
+def _mask_hover(tree: TreeTrace, tokens: list[str], row: int, col: int) -> str:
+    """Why row may (or may not) attend to column. Blocked cells are most of a big mask: their
+    text stays short to keep the figure light."""
+    who = f"node {row} '{tokens[row]}'"
     if row == col:
         return f"{who} sees itself"
     if tree.mask[row][col]:
         why = "the root, the token every guess follows" if col == 0 else "its ancestor"
-        return f"{who} may see {whom} because {col} is {why}"
-    return f"{who} may not see {whom}: {col} is not on its path to the root"
+        return f"{who} may see node {col} '{tokens[col]}' because {col} is {why}"
+    return f"node {row} may not see node {col}: not on its path"
 
 
 def mask_figure(tree: TreeTrace, rnd: RoundTrace, scale: float = 1.0) -> go.Figure:
@@ -212,14 +219,15 @@ def mask_figure(tree: TreeTrace, rnd: RoundTrace, scale: float = 1.0) -> go.Figu
     """
     labels = mask_labels(tree, rnd)
     n = tree.size
-    hover = [[_mask_hover(tree, labels, r, c) for c in range(n)] for r in range(n)]
+    tokens = [visible(t) for t in rnd.node_texts] if rnd.node_texts else [""] * n
+    hover = [[_mask_hover(tree, tokens, r, c) for c in range(n)] for r in range(n)]
     fig = go.Figure(go.Heatmap(
         z=mask_cell_values(tree, rnd), x=list(range(n)), y=list(range(n)),
         zmin=0, zmax=2, xgap=1, ygap=1,
         colorscale=[[0, BLOCKED], [0.33, BLOCKED], [0.33, ALLOWED], [0.67, ALLOWED],
                     [0.67, ACCEPTED], [1, ACCEPTED]],
         colorbar=dict(tickvals=[1 / 3, 1, 5 / 3], ticktext=["blocked", "may attend", "accepted row"],
-                      thickness=12, len=0.6),
+                      orientation="h", thickness=12, len=0.9, x=0.5, y=-0.02, yanchor="top"),
         text=hover, hovertemplate="%{text}<extra></extra>",
     ))
     tick_size = round(max(7, min(12, 520 / n)) * scale)
@@ -227,11 +235,10 @@ def mask_figure(tree: TreeTrace, rnd: RoundTrace, scale: float = 1.0) -> go.Figu
                 tickfont=dict(size=tick_size), showgrid=False, zeroline=False)
     fig.update_xaxes(**axis, tickangle=-60, side="top", constrain="domain")
     fig.update_yaxes(**axis, autorange="reversed", scaleanchor="x", constrain="domain")
-    fig.update_layout(title=dict(text="Tree attention mask (row attends to column)", x=0.01,
-                                 y=0.995))
-    height = int(min(760, 220 + 14 * n) * scale)
+    fig.update_layout(title=dict(text=f"Tree attention mask, round {rnd.index + 1}", x=0.01, y=0.995))
+    height = int(min(760, 260 + 14 * n) * scale)
     fig = _base_layout(fig, height=height, scale=scale, uirevision=f"mask-{tree.name}-{n}")
-    fig.update_layout(margin=dict(l=10, r=10, t=110, b=10))
+    fig.update_layout(margin=dict(l=10, r=10, t=110, b=50))
     return fig
 
 
@@ -272,7 +279,7 @@ def race_figure(ar: RunTrace | None, medusa: RunTrace | None, until: float | Non
         ))
     title = "Tokens produced over time (measured)"
     if ar is not None and medusa is not None and medusa.stop_reason and ar.stop_reason:
-        title += f" — Medusa {speedup(ar, medusa):.2f}× faster"
+        title += f" — speedup {speedup(ar, medusa):.2f}×"
     fig.update_layout(title=dict(text=title, x=0.01),
                       legend=dict(orientation="h", yanchor="bottom", y=1.0, x=1, xanchor="right"))
     fig.update_xaxes(title="seconds since the run started (prefill included)", rangemode="tozero")

@@ -1,6 +1,7 @@
 """The Learn walkthrough: Markdown steps in assets/explainer, filled in with this run's numbers.
 
-Each step file starts with a `# Title` line and a `<!-- shows: VIEW -->` line naming the live
+Each step file starts with a `# Title` line, a `<!-- label: Short -->` line (the step's name in
+the step bar, where long titles would collide) and a `<!-- shows: VIEW -->` line naming the live
 view it explains; the rest is Markdown in which `{{name}}` is replaced by a number from the run
 (see `explainer_values`). Until a run exists, numbers show as "—".
 """
@@ -18,13 +19,14 @@ from .tokens import visible
 
 EXPLAINER_DIR = Path(__file__).resolve().parent.parent / "assets" / "explainer"
 PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
-SHOWS = re.compile(r"<!--\s*shows:\s*([\w-]+)\s*-->")
+COMMENT = re.compile(r"<!--\s*(\w+):\s*(.*?)\s*-->\n?")
 MISSING = "—"
 
 
 @dataclass(frozen=True)
 class Step:
     title: str
+    label: str
     shows: str  # the view this step points at: "race", "stream", "tree", "mask", "stats", ...
     template: str
 
@@ -36,8 +38,9 @@ def load_steps(directory: Path = EXPLAINER_DIR) -> list[Step]:
         lines = path.read_text(encoding="utf-8").strip().splitlines()
         title = lines[0].lstrip("#").strip()
         body = "\n".join(lines[1:])
-        shows = SHOWS.search(body)
-        steps.append(Step(title, shows.group(1) if shows else "", SHOWS.sub("", body).strip()))
+        notes = dict(COMMENT.findall(body))
+        template = f"### {title}\n\n" + COMMENT.sub("", body).strip()
+        steps.append(Step(title, notes.get("label", title), notes.get("shows", ""), template))
     return steps
 
 

