@@ -1,0 +1,860 @@
+"""``train-heads``: Medusa-1 head training for any Hugging Face causal LM.
+
+The recipe (design.md section 2):
+
+* the base model is frozen: it only supplies, once per batch, the last hidden state — the exact
+  tensor its lm_head reads — and the heads learn on top of it;
+* head k at position t learns to predict token t+1+k with cross-entropy; the heads' losses are
+  summed with weights 0.8^(k-1), so the nearer (more often useful) heads count most;
+* AdamW, lr 1e-3, 10% linear warmup then cosine decay, about one epoch;
+* self-distillation: train on the base model's own continuations (greedy and sampled) of prompts,
+  so the heads learn to predict *this model*, which is what Medusa decoding has to match.
+
+At the end the heads' accuracy per rank is measured on a held-out split, the paper's optimal
+trees are grown from it for each node budget, and everything is saved next to the heads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import math
+import os
+import random
+import shlex
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    get_cosine_schedule_with_warmup,
+)
+
+from .errors import DecodingError
+from .heads import HeadsConfig, MedusaHeads
+from .optimal_tree import expected_tokens_per_pass, optimal_choices
+
+IGNORE_INDEX = -100  # F.cross_entropy skips targets with this value
+# Not "checkpoint": heads may be trained into a base model's run folder, where train-base keeps its own.
+CHECKPOINT_DIR = "heads_checkpoint"
+STATE_FILE = "state.pt"
+DATA_FILE = "data.json"
+V01_WEIGHTS = "medusa_lm_head.safetensors"
+V01_CONFIG = "config.json"
+# The v0.1 files go to a subfolder: their config.json would overwrite a model's own when the heads
+# are saved beside the model. The subfolder is self-describing, ready to upload as it is.
+V01_DIR = "v0.1"
+DEFAULT_TREE_NODES = [4, 8, 12, 16, 24]
+
+# Prompts are plain text, or token ids when they are cut from tokenized data.
+Prompt = str | Sequence[int]
+
+
+# ----- the hidden state the heads read ---------------------------------------------------------
+
+
+def _forward(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None):
+    """One frozen forward pass that returns every layer's hidden state.
+
+    Only the last position's logits are asked for when the model allows it: we need hidden
+    states, and a full (batch, seq, vocab) logits tensor would cost as much as a head.
+    """
+    few_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+    return model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        output_hidden_states=True,
+        use_cache=False,
+        **({"logits_to_keep": 1} if few_logits else {}),
+    )
+
+
+@torch.no_grad()
+def last_hidden_states(
+    model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """(batch, seq, hidden): the state the lm_head turns into next-token logits.
+
+    `hidden_states[-1]` is taken *after* the final norm for Llama, Qwen2/3, Mistral, Gemma, Phi,
+    GPT-2, GPT-NeoX and OPT in transformers 5.24 (checked by `check_lm_head_reads`).
+    """
+    return _forward(model, input_ids, attention_mask).hidden_states[-1]
+
+
+@torch.no_grad()
+def check_lm_head_reads(
+    model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+) -> None:
+    """Raise unless `lm_head(last_hidden_states(...))` reproduces the model's own logits.
+
+    Heads trained on any other tensor (a pre-norm state, say) would be useless at decode time.
+    """
+    out = _forward(model, input_ids, attention_mask)
+    logits = out.logits[:, -1].float()
+    rebuilt = model.get_output_embeddings()(out.hidden_states[-1][:, -1]).float()
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    if cap:  # Gemma 2/3 squash the lm_head's output; the hidden state is still the right one
+        rebuilt = cap * torch.tanh(rebuilt / cap)
+    tolerance = 1e-3 * (1.0 + logits.abs().max().item())
+    if not torch.allclose(rebuilt, logits, rtol=1e-3, atol=tolerance):
+        raise DecodingError(
+            f"{type(model).__name__}: lm_head(hidden_states[-1]) does not reproduce the model's "
+            "logits, so Medusa heads cannot be trained on that state for this architecture"
+        )
+
+
+# ----- batches ---------------------------------------------------------------------------------
+
+
+def pad_batch(
+    sequences: Sequence[Sequence[int]], pad_id: int, side: str = "right"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pad token lists to one length: (input_ids, attention_mask).
+
+    Training pads on the right (a causal model's real tokens never see right padding);
+    generation pads on the left, so every row's next token goes in the same column.
+    """
+    length = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), length), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        span = slice(0, len(seq)) if side == "right" else slice(length - len(seq), length)
+        ids[row, span] = torch.as_tensor(list(seq), dtype=torch.long)
+        mask[row, span] = 1
+    return ids, mask
+
+
+def head_targets(input_ids: torch.Tensor, attention_mask: torch.Tensor, k: int) -> torch.Tensor:
+    """Head k's target at every position t: token t+1+k, or IGNORE_INDEX past a sequence's end."""
+    targets = torch.full_like(input_ids, IGNORE_INDEX)
+    shift = 1 + k
+    ahead = input_ids[:, shift:]
+    targets[:, :-shift] = ahead.masked_fill(attention_mask[:, shift:] == 0, IGNORE_INDEX)
+    return targets
+
+
+def batch_for_step(step: int, num_sequences: int, batch_size: int, seed: int) -> list[int]:
+    """The sequence indices of one training step: a fresh seeded shuffle each epoch.
+
+    A pure function of the step, so a resumed run sees exactly the batches it would have seen.
+    """
+    per_epoch = math.ceil(num_sequences / batch_size)
+    epoch, index = divmod(step, per_epoch)
+    order = torch.randperm(num_sequences, generator=torch.Generator().manual_seed(seed + epoch))
+    return order[index * batch_size : (index + 1) * batch_size].tolist()
+
+
+def _training_batch(
+    token_sequences: Sequence[Sequence[int]], step: int, batch_size: int, seed: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    batch = [token_sequences[i] for i in batch_for_step(step, len(token_sequences), batch_size, seed)]
+    ids, mask = pad_batch(batch, pad_id=0)
+    return ids.to(device), mask.to(device)
+
+
+def _autocast(device: torch.device, bf16: bool) -> torch.autocast:
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16)
+
+
+def _model_device(model: PreTrainedModel) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _each_head(
+    heads: MedusaHeads, hidden: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, bf16: bool
+) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """(k, logits, targets) for head k = 1..K, over just the positions where head k has a target.
+
+    A generator on purpose: the training loop calls backward on one head's loss before the next
+    head's (positions, vocab) logits are made, so only one head's logits are alive at a time.
+    """
+    for k, head in enumerate(heads.heads, start=1):
+        targets = head_targets(ids, mask, k)
+        valid = targets != IGNORE_INDEX
+        if valid.any():
+            with _autocast(hidden.device, bf16):
+                logits = head(hidden[valid])
+            yield k, logits.float(), targets[valid]
+
+
+# ----- heads -----------------------------------------------------------------------------------
+
+
+def new_heads(model: PreTrainedModel, num_heads: int = 5, num_layers: int = 1) -> MedusaHeads:
+    """Fresh heads sized from the model's lm_head and initialised from it (the reference init)."""
+    lm_head = model.get_output_embeddings()
+    config = HeadsConfig(
+        num_heads=num_heads,
+        num_layers=num_layers,
+        hidden_size=lm_head.in_features,
+        vocab_size=lm_head.out_features,
+    )
+    heads = MedusaHeads(config)
+    heads.init_from_lm_head(lm_head)
+    return heads.to(_model_device(model))
+
+
+@dataclass
+class HeadsEvaluation:
+    """How well each head predicts its token on some sequences."""
+
+    loss: float  # the training objective: sum over heads of 0.8^(k-1) * mean cross-entropy
+    head_losses: list[float]
+    accuracy: list[list[float]]  # accuracy[h][r]: share of positions where head h+1's rank r is right
+    positions: list[int]  # how many positions each head was scored on
+
+    @property
+    def top1(self) -> list[float]:
+        return [row[0] for row in self.accuracy]
+
+    @property
+    def top5(self) -> list[float]:
+        # Ranks are exclusive (one true token per position), so top-5 is a sum of ranks 0..4.
+        return [sum(row[:5]) for row in self.accuracy]
+
+
+@torch.no_grad()
+def evaluate_heads(
+    model: PreTrainedModel,
+    heads: MedusaHeads,
+    token_sequences: Sequence[Sequence[int]],
+    top_k: int = 10,
+    batch_size: int = 8,
+    loss_decay: float = 0.8,
+    bf16: bool | None = None,
+) -> HeadsEvaluation:
+    """Loss and per-rank accuracy of every head, the target being defined as in training."""
+    device = _model_device(model)
+    bf16 = device.type == "cuda" if bf16 is None else bf16
+    heads.eval()
+    k_max = heads.num_heads
+    loss_sums, counts = [0.0] * k_max, [0] * k_max
+    rank_hits = torch.zeros((k_max, top_k), dtype=torch.long)
+    for start in range(0, len(token_sequences), batch_size):
+        ids, mask = pad_batch(token_sequences[start : start + batch_size], pad_id=0)
+        ids, mask = ids.to(device), mask.to(device)
+        with _autocast(device, bf16):
+            hidden = last_hidden_states(model, ids, mask).float()
+        for k, logits, targets in _each_head(heads, hidden, ids, mask, bf16):
+            loss_sums[k - 1] += F.cross_entropy(logits, targets, reduction="sum").item()
+            counts[k - 1] += len(targets)
+            guesses = logits.topk(min(top_k, logits.shape[-1])).indices
+            hits = (guesses == targets[:, None]).sum(0).cpu()
+            rank_hits[k - 1, : len(hits)] += hits
+    head_losses = [s / c if c else float("nan") for s, c in zip(loss_sums, counts)]
+    accuracy = [[h / c if c else 0.0 for h in row] for row, c in zip(rank_hits.tolist(), counts)]
+    loss = sum(loss_decay**i * h for i, h in enumerate(head_losses))
+    return HeadsEvaluation(loss, head_losses, accuracy, counts)
+
+
+def measure_head_accuracy(
+    model: PreTrainedModel,
+    heads: MedusaHeads,
+    token_sequences: Sequence[Sequence[int]],
+    top_k: int = 10,
+    batch_size: int = 8,
+) -> list[list[float]]:
+    """acc[h][r]: share of positions t where head h+1's rank-r guess equals token t+2+h."""
+    return evaluate_heads(model, heads, token_sequences, top_k, batch_size).accuracy
+
+
+# ----- training --------------------------------------------------------------------------------
+
+
+@dataclass
+class TrainingRun:
+    heads: MedusaHeads
+    steps: int
+    tokens: int  # real (unpadded) tokens the base model read for training
+    losses: list[float] = field(default_factory=list)  # training objective, one per step
+    wall_time_s: float = 0.0
+
+    @property
+    def final_loss(self) -> float:
+        """Mean loss over the last tenth of the steps (a single step's loss is noisy)."""
+        tail = self.losses[-max(1, len(self.losses) // 10) :]
+        return sum(tail) / len(tail) if tail else float("nan")
+
+
+def _train_step(
+    model: PreTrainedModel,
+    heads: MedusaHeads,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    loss_decay: float,
+    bf16: bool,
+) -> float:
+    """Forward the frozen base once, then each head; return the weighted loss (grads accumulated).
+
+    Each head's loss is backpropagated on its own: the heads share no parameters, so the
+    gradients equal those of the summed loss, while only one head's logits are in memory at a
+    time — with 5 heads and a large vocabulary that is most of the memory.
+    """
+    with _autocast(ids.device, bf16):
+        hidden = last_hidden_states(model, ids, mask).float()
+    total = 0.0
+    for k, logits, targets in _each_head(heads, hidden, ids, mask, bf16):
+        # Weight 1 for head 1, as the reference code does; Adam ignores the overall scale anyway.
+        loss = loss_decay ** (k - 1) * F.cross_entropy(logits, targets)
+        loss.backward()
+        total += loss.item()
+    return total
+
+
+def _save_state(path: Path, state: dict[str, Any]) -> None:
+    """Write atomically, so a kill during the save never spoils the previous checkpoint."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def fit_heads(
+    model: PreTrainedModel,
+    token_sequences: Sequence[Sequence[int]],
+    *,
+    num_heads: int = 5,
+    num_layers: int = 1,
+    steps: int | None = None,
+    epochs: float = 1.0,
+    lr: float = 1e-3,
+    batch_size: int = 8,
+    weight_decay: float = 0.0,
+    loss_decay: float = 0.8,
+    max_grad_norm: float = 1.0,
+    seed: int = 0,
+    bf16: bool | None = None,
+    checkpoint: Path | None = None,
+    save_every: int = 200,
+    resume: bool = False,
+    progress: bool = True,
+) -> TrainingRun:
+    """Train fresh heads on `token_sequences`; the run's statistics come with them.
+
+    `steps` defaults to `epochs` passes over the sequences. With `checkpoint` (a file path) the
+    state is saved every `save_every` steps and at the end; `resume=True` continues from it.
+    """
+    if len(token_sequences) == 0:
+        raise DecodingError("no training sequences")
+    device = _model_device(model)
+    bf16 = device.type == "cuda" if bf16 is None else bf16
+    steps = steps or max(1, math.ceil(epochs * len(token_sequences) / batch_size))
+    model.eval()
+    torch.manual_seed(seed)
+    heads = new_heads(model, num_heads, num_layers)
+    optimizer = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=weight_decay)
+    scheduler = get_cosine_schedule_with_warmup(optimizer, round(0.1 * steps), steps)
+    run = TrainingRun(heads=heads, steps=0, tokens=0)
+    if resume:
+        _restore(run, optimizer, scheduler, checkpoint, steps)
+    else:
+        check_lm_head_reads(model, *_training_batch(token_sequences, 0, batch_size, seed, device))
+
+    def save() -> None:
+        if checkpoint is not None:
+            _save_state(checkpoint, {
+                "heads_config": asdict(heads.config),
+                "heads": heads.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "total_steps": steps,
+                "step": run.steps,
+                "tokens": run.tokens,
+                "losses": run.losses,
+                "wall_time_s": run.wall_time_s,
+            })
+
+    heads.train()
+    started, before = time.perf_counter(), run.wall_time_s
+    bar = tqdm(total=steps, initial=run.steps, unit="step", disable=not progress, mininterval=1.0)
+    while run.steps < steps:
+        ids, mask = _training_batch(token_sequences, run.steps, batch_size, seed, device)
+        loss = _train_step(model, heads, ids, mask, loss_decay, bf16)
+        torch.nn.utils.clip_grad_norm_(heads.parameters(), max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        run.steps += 1
+        run.tokens += int(mask.sum())
+        run.losses.append(loss)
+        run.wall_time_s = before + time.perf_counter() - started
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{run.tokens / max(run.wall_time_s, 1e-9):,.0f}",
+                        refresh=False)
+        if run.steps % save_every == 0:
+            save()
+    bar.close()
+    save()
+    heads.eval()
+    return run
+
+
+def _restore(
+    run: TrainingRun,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    checkpoint: Path | None,
+    steps: int,
+) -> None:
+    if checkpoint is None or not checkpoint.exists():
+        raise DecodingError(f"nothing to resume: no checkpoint at {checkpoint}")
+    state = torch.load(checkpoint, weights_only=False, map_location="cpu")
+    if state["heads_config"] != asdict(run.heads.config) or state["total_steps"] != steps:
+        raise DecodingError(
+            "the checkpoint was made with other heads or another step count: resume with the "
+            "original run's flags"
+        )
+    run.heads.load_state_dict(state["heads"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    run.steps, run.tokens = state["step"], state["tokens"]
+    run.losses, run.wall_time_s = state["losses"], state["wall_time_s"]
+
+
+def train_heads(
+    model: PreTrainedModel,
+    token_sequences: Sequence[Sequence[int]],
+    num_heads: int = 5,
+    num_layers: int = 1,
+    steps: int | None = None,
+    lr: float = 1e-3,
+    batch_size: int = 8,
+    weight_decay: float = 0.0,
+    loss_decay: float = 0.8,
+    seed: int = 0,
+    progress: bool = True,
+    **options: Any,
+) -> MedusaHeads:
+    """Medusa-1 heads for a frozen `model`, trained on `token_sequences` (see `fit_heads`)."""
+    return fit_heads(
+        model, token_sequences, num_heads=num_heads, num_layers=num_layers, steps=steps, lr=lr,
+        batch_size=batch_size, weight_decay=weight_decay, loss_decay=loss_decay, seed=seed,
+        progress=progress, **options,
+    ).heads
+
+
+# ----- self-distillation -----------------------------------------------------------------------
+
+
+@contextmanager
+def _plain_generation_config(model: PreTrainedModel, **settings: Any) -> Iterator[None]:
+    """Generate with exactly `settings`, nothing from the model's saved generation config.
+
+    `generate` fills every option we leave unset from `model.generation_config` (a repetition
+    penalty, a top-k...). Self-distillation must follow the model's plain distribution — its
+    greedy path is what lossless Medusa decoding reproduces — so we swap in a bare config.
+    """
+    saved = model.generation_config
+    model.generation_config = GenerationConfig(**settings)
+    try:
+        yield
+    finally:
+        model.generation_config = saved
+
+
+def _special_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], int]:
+    """(end-of-sequence ids, padding id).
+
+    The stop tokens are the model's generation config's, as in the decoding engine: a model
+    that declares none is decoded past its tokenizer's EOS, so its heads should see that too.
+    """
+    eos = model.generation_config.eos_token_id
+    eos_ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    pad = tokenizer.pad_token_id
+    if pad is None:
+        pad = eos_ids[0] if eos_ids else 0
+    return eos_ids, pad
+
+
+def _encode(tokenizer: PreTrainedTokenizerBase, prompt: Prompt) -> list[int]:
+    return tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else list(prompt)
+
+
+def _cut_at_eos(tokens: list[int], eos_ids: Sequence[int]) -> list[int]:
+    """Keep up to and including the first end-of-sequence token (the rest is padding)."""
+    for i, token in enumerate(tokens):
+        if token in eos_ids:
+            return tokens[: i + 1]
+    return tokens
+
+
+@torch.no_grad()
+def self_distill(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[Prompt],
+    max_new_tokens: int,
+    greedy_and_sampled: bool = True,
+    batch_size: int = 16,
+    temperature: float = 0.8,
+    seed: int = 0,
+    progress: bool = True,
+) -> list[list[int]]:
+    """Prompt + the model's own continuation, for every prompt: greedy, then (optionally) sampled.
+
+    Prompts are text or token ids. Sampling uses the plain softmax at `temperature` (no top-k),
+    so the heads see the model's spread of plausible continuations, not only its greedy path.
+    """
+    device = _model_device(model)
+    eos_ids, pad_id = _special_ids(model, tokenizer)
+    encoded = [_encode(tokenizer, p) for p in prompts]
+    modes = [False, True] if greedy_and_sampled else [False]
+    torch.manual_seed(seed)
+    model.eval()
+    out: list[list[int]] = []
+    bar = tqdm(total=len(encoded) * len(modes), unit="seq", desc="self-distill", disable=not progress)
+    for start in range(0, len(encoded), batch_size):
+        batch = encoded[start : start + batch_size]
+        ids, mask = pad_batch(batch, pad_id, side="left")
+        for sample in modes:
+            settings = {"do_sample": sample, "temperature": temperature, "top_k": 0} if sample else {}
+            with _plain_generation_config(
+                model, max_new_tokens=max_new_tokens, eos_token_id=eos_ids or None,
+                pad_token_id=pad_id, **settings,
+            ):
+                generated = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device))
+            continuations = generated[:, ids.shape[1] :].tolist()
+            out.extend(p + _cut_at_eos(c, eos_ids) for p, c in zip(batch, continuations))
+            bar.update(len(batch))
+    bar.close()
+    return out
+
+
+# ----- the published v0.1 layout ---------------------------------------------------------------
+
+
+def save_v01(heads: MedusaHeads, directory: str | Path, base_model: str) -> None:
+    """Write `medusa_lm_head.safetensors` + `config.json` as FasterDecoding's v0.1 repos have them.
+
+    Our module path `heads.{i}.{j}` is the published `{i}.{j}` with a prefix, so the keys are
+    `{i}.0.linear.weight`, `{i}.0.linear.bias`, `{i}.1.weight` for one ResBlock per head.
+    """
+    if heads.config.shared_lm_head:
+        raise DecodingError("v0.1 heads have their own vocab projection; these reuse the lm_head")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {
+        key.removeprefix("heads."): value.detach().contiguous().cpu()
+        for key, value in heads.state_dict().items()
+    }
+    save_file(state, str(directory / V01_WEIGHTS), metadata={"format": "pt"})
+    config = {
+        "medusa_num_heads": heads.config.num_heads,
+        "medusa_num_layers": heads.config.num_layers,
+        "base_model_name_or_path": base_model,
+    }
+    (directory / V01_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+
+
+# ----- the command line ------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register train-heads' flags."""
+    io = parser.add_argument_group("model and output")
+    io.add_argument("--model", required=True, help="base model: a local folder or a hub id")
+    io.add_argument("--out", type=Path, required=True,
+                    help="folder for the heads (medusa_heads.safetensors, medusa_config.json) "
+                         "and heads_checkpoint/ (training state, data.json)")
+    io.add_argument("--also-v01", action="store_true",
+                    help="also write the published v0.1 layout (medusa_lm_head.safetensors, "
+                         "config.json) to OUT/v0.1")
+    io.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1...")
+    io.add_argument("--threads", type=int, default=None,
+                    help="torch CPU threads (default: torch's choice). On a CPU another job keeps "
+                         "busy, use fewer threads than cores: contention made generation 13x slower here")
+    io.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                    help="bf16 autocast (default: on for cuda, off for cpu; on a CPU with bf16 "
+                         "support it trains ~2x faster, e.g. 790 vs 350 tokens/s here)")
+
+    heads = parser.add_argument_group("heads")
+    heads.add_argument("--num-heads", type=int, default=5)
+    heads.add_argument("--num-layers", type=int, default=1, help="ResBlocks per head")
+
+    data = parser.add_argument_group("data")
+    data.add_argument("--data", type=Path, nargs="+", default=[],
+                      help="text files or folders of .txt files, tokenized and cut into "
+                           "--seq-len chunks")
+    data.add_argument("--self-distill", action="store_true",
+                      help="train on the model's own continuations of prompts (--prompts, and/or "
+                           "the first --prompt-tokens of each --data chunk)")
+    data.add_argument("--prompts", type=Path, help="prompts file, one prompt per line")
+    data.add_argument("--prompt-tokens", type=int, default=32,
+                      help="prompt length when prompts are cut from --data chunks")
+    data.add_argument("--max-prompts", type=int, default=None, help="use at most this many prompts")
+    data.add_argument("--max-new-tokens", type=int, default=128)
+    data.add_argument("--sampled", action=argparse.BooleanOptionalAction, default=True,
+                      help="besides the greedy continuation, also a sampled one per prompt")
+    data.add_argument("--temperature", type=float, default=0.8)
+    data.add_argument("--gen-batch-size", type=int, default=32)
+    data.add_argument("--seq-len", type=int, default=256)
+    data.add_argument("--heldout-fraction", type=float, default=0.05)
+
+    train = parser.add_argument_group("training")
+    train.add_argument("--steps", type=int, default=None, help="overrides --epochs")
+    train.add_argument("--epochs", type=float, default=1.0)
+    train.add_argument("--lr", type=float, default=1e-3)
+    train.add_argument("--batch-size", type=int, default=8)
+    train.add_argument("--weight-decay", type=float, default=0.0)
+    train.add_argument("--loss-decay", type=float, default=0.8,
+                       help="head k's loss weight is this^(k-1)")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--save-every", type=int, default=200, help="steps between checkpoints")
+    train.add_argument("--resume", action="store_true",
+                       help="continue from OUT/heads_checkpoint on the same data "
+                            "(give the original run's flags)")
+
+    tree = parser.add_argument_group("trees")
+    tree.add_argument("--top-k", type=int, default=10, help="ranks measured per head")
+    tree.add_argument("--tree-nodes", type=int, nargs="+", default=DEFAULT_TREE_NODES,
+                      help="node budgets (root excluded) of the optimal trees to build")
+    tree.add_argument("--default-tree-nodes", type=int, default=None,
+                      help="which budget becomes default_tree (default: the largest)")
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The reproducible command for these arguments, every flag spelled out."""
+    parts = ["python", "-m", "decoding", "train-heads"]
+    for key, value in vars(args).items():
+        if key in ("func", "command") or value is None:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            if value:
+                parts.append(flag)
+            elif key in ("bf16", "sampled"):  # the flags that are on unless negated
+                parts.append("--no-" + key)
+        elif isinstance(value, list):
+            if value:
+                parts += [flag, *map(str, value)]
+        else:
+            parts += [flag, str(value)]
+    return shlex.join(parts)
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    if not args.data and not args.prompts:
+        raise DecodingError("give --data text files, or --self-distill with --prompts")
+    if args.prompts and not args.self_distill:
+        raise DecodingError("--prompts is only used with --self-distill")
+    if args.num_heads < 1 or args.num_layers < 1:
+        raise DecodingError("--num-heads and --num-layers must be at least 1")
+    if not 0.0 < args.heldout_fraction < 1.0:
+        raise DecodingError("--heldout-fraction must lie strictly between 0 and 1")
+    capacity = sum(args.top_k**d for d in range(1, args.num_heads + 1))
+    for budget in args.tree_nodes:
+        if not 1 <= budget <= capacity:
+            raise DecodingError(f"--tree-nodes {budget}: must lie in 1..{capacity}")
+    if args.default_tree_nodes is not None and args.default_tree_nodes not in args.tree_nodes:
+        raise DecodingError("--default-tree-nodes must be one of --tree-nodes")
+    for path in [*args.data, *([args.prompts] if args.prompts else [])]:
+        if not path.exists():
+            raise DecodingError(f"{path}: no such file or folder")
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def load_base_model(name: str, device: torch.device) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
+    """Tokenizer and frozen model. bf16 weights on GPUs (the model is only read), fp32 on CPUs."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    tokenizer = AutoTokenizer.from_pretrained(name)
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype).to(device).eval()
+    return tokenizer, model
+
+
+def text_files(paths: Sequence[Path]) -> list[Path]:
+    files: list[Path] = []
+    for path in paths:
+        files.extend(sorted(path.rglob("*.txt")) if path.is_dir() else [path])
+    return files
+
+
+def tokenized_chunks(
+    tokenizer: PreTrainedTokenizerBase, paths: Sequence[Path], seq_len: int
+) -> list[list[int]]:
+    """Every file tokenized whole, then cut into consecutive `seq_len`-token chunks."""
+    chunks: list[list[int]] = []
+    for path in text_files(paths):
+        # verbose=False: a whole book is longer than model_max_length, which is fine here
+        ids = tokenizer(path.read_text(encoding="utf-8"), verbose=False)["input_ids"]
+        chunks.extend(ids[i : i + seq_len] for i in range(0, len(ids), seq_len))
+    return [c for c in chunks if len(c) >= 2]
+
+
+def split_heldout(items: list, fraction: float, seed: int) -> tuple[list, list]:
+    """Seeded shuffle, then (train, held-out) with at least one item on each side."""
+    if len(items) < 2:
+        raise DecodingError(f"need at least 2 prompts or chunks to hold some out, got {len(items)}")
+    items = items[:]
+    random.Random(seed).shuffle(items)
+    held = min(len(items) - 1, max(1, round(fraction * len(items))))
+    return items[held:], items[:held]
+
+
+def build_data(
+    args: argparse.Namespace, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
+) -> dict[str, Any]:
+    """The train and held-out token sequences, plus a note of where they came from.
+
+    Held-out items are split off *before* self-distillation, so a prompt's greedy and sampled
+    continuations never land on both sides.
+    """
+    chunks = tokenized_chunks(tokenizer, args.data, args.seq_len) if args.data else []
+    if not args.self_distill:
+        train, heldout = split_heldout(chunks, args.heldout_fraction, args.seed)
+        return {"train": train, "heldout": heldout,
+                "source": {"kind": "text", "files": [str(p) for p in text_files(args.data)]}}
+
+    prompts: list[Prompt] = []
+    if args.prompts:
+        lines = args.prompts.read_text(encoding="utf-8").splitlines()
+        prompts += [line.strip() for line in lines if line.strip()]
+    prompts += [c[: args.prompt_tokens] for c in chunks]
+    random.Random(args.seed).shuffle(prompts)
+    prompts = prompts[: args.max_prompts]
+    train_prompts, heldout_prompts = split_heldout(prompts, args.heldout_fraction, args.seed)
+    started = time.perf_counter()
+    sequences = {
+        name: self_distill(model, tokenizer, split, args.max_new_tokens, args.sampled,
+                           args.gen_batch_size, args.temperature, args.seed)
+        for name, split in (("train", train_prompts), ("heldout", heldout_prompts))
+    }
+    seconds = time.perf_counter() - started
+    prompt_tokens = sum(len(_encode(tokenizer, p)) for p in prompts) * (2 if args.sampled else 1)
+    generated = sum(len(s) for seqs in sequences.values() for s in seqs) - prompt_tokens
+    return {**sequences, "source": {
+        "kind": "self-distill",
+        "prompts": len(prompts),
+        "greedy_and_sampled": args.sampled,
+        "temperature": args.temperature,
+        "max_new_tokens": args.max_new_tokens,
+        "generated_tokens": generated,
+        "generation_wall_time_s": round(seconds, 1),
+        "generation_tokens_per_s": round(generated / max(seconds, 1e-9), 1),
+    }}
+
+
+def load_or_build_data(
+    args: argparse.Namespace, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
+) -> dict[str, Any]:
+    """Data is saved before training so `--resume` trains on exactly the same sequences
+    (self-distillation is slow and sampling would not repeat itself)."""
+    path = args.out / CHECKPOINT_DIR / DATA_FILE
+    if args.resume:
+        if not path.exists():
+            raise DecodingError(f"nothing to resume: no {path}")
+        return json.loads(path.read_text())
+    data = build_data(args, model, tokenizer)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+    return data
+
+
+def build_trees(
+    acc: list[list[float]], budgets: Sequence[int]
+) -> tuple[dict[str, list[list[int]]], dict[str, float]]:
+    """The optimal tree for each node budget, and its expected tokens per verify pass."""
+    trees = {f"optimal-{n}": optimal_choices(acc, n) for n in sorted(set(budgets))}
+    expected = {name: round(expected_tokens_per_pass(acc, c), 4) for name, c in trees.items()}
+    return trees, expected
+
+
+def _print_report(before: HeadsEvaluation, after: HeadsEvaluation, expected: dict[str, float]) -> None:
+    print(f"held-out loss: {before.loss:.4f} untrained -> {after.loss:.4f} trained")
+    print("head  top-1 (untrained -> trained)   top-5 (untrained -> trained)")
+    for h in range(len(after.accuracy)):
+        print(f"{h + 1:>4}  {before.top1[h]:.3f} -> {after.top1[h]:.3f}"
+              f"                 {before.top5[h]:.3f} -> {after.top5[h]:.3f}")
+    for name, value in expected.items():
+        print(f"{name}: {value:.3f} expected tokens per pass")
+
+
+def _run(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    _check_arguments(args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = pick_device(args.device)
+    bf16 = device.type == "cuda" if args.bf16 is None else args.bf16
+    tokenizer, model = load_base_model(args.model, device)
+    data = load_or_build_data(args, model, tokenizer)
+    print(f"{len(data['train'])} training and {len(data['heldout'])} held-out sequences")
+
+    def evaluate(heads: MedusaHeads) -> HeadsEvaluation:
+        return evaluate_heads(model, heads, data["heldout"], args.top_k, args.batch_size,
+                              args.loss_decay, bf16)
+
+    before = evaluate(new_heads(model, args.num_heads, args.num_layers))
+    run = fit_heads(
+        model, data["train"], num_heads=args.num_heads, num_layers=args.num_layers,
+        steps=args.steps, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
+        weight_decay=args.weight_decay, loss_decay=args.loss_decay, seed=args.seed, bf16=bf16,
+        checkpoint=args.out / CHECKPOINT_DIR / STATE_FILE, save_every=args.save_every,
+        resume=args.resume,
+    )
+    after = evaluate(run.heads)
+    trees, expected = build_trees(after.accuracy, args.tree_nodes)
+    default = f"optimal-{args.default_tree_nodes or max(args.tree_nodes)}"
+    extra = {
+        "base_model": args.model,
+        "accuracy": after.accuracy,
+        "trees": trees,
+        "expected_tokens_per_pass": expected,
+        "default_tree": default,
+        "training": {
+            "steps": run.steps,
+            "tokens": run.tokens,
+            "epochs": round(run.steps * args.batch_size / len(data["train"]), 3),
+            "train_sequences": len(data["train"]),
+            "heldout_sequences": len(data["heldout"]),
+            "data": data["source"],
+            "final_train_loss": round(run.final_loss, 4),
+            "heldout_loss": round(after.loss, 4),
+            "heldout_loss_untrained": round(before.loss, 4),
+            "heldout_top1": [round(a, 4) for a in after.top1],
+            "heldout_top5": [round(a, 4) for a in after.top5],
+            "heldout_top1_untrained": [round(a, 4) for a in before.top1],
+            "heldout_top5_untrained": [round(a, 4) for a in before.top5],
+            "training_wall_time_s": round(run.wall_time_s, 1),
+            "training_tokens_per_s": round(run.tokens / max(run.wall_time_s, 1e-9), 1),
+            "wall_time_s": round(time.perf_counter() - started, 1),
+            "device": str(device),
+            "bf16": bf16,
+            "command": command_line(args),
+        },
+    }
+    run.heads.save(args.out, extra=extra)
+    if args.also_v01:
+        save_v01(run.heads, args.out / V01_DIR, args.model)
+    _print_report(before, after, expected)
+    print(f"saved heads to {args.out} (default tree {default}); {run.steps} steps, "
+          f"{run.tokens:,} tokens, {extra['training']['wall_time_s']:.0f} s")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Train heads as the flags say; 0 on success, 2 (with a message) on a usage problem."""
+    try:
+        return _run(args)
+    except DecodingError as err:
+        print(f"train-heads: {err}", file=sys.stderr)
+        return 2
+
