@@ -346,7 +346,8 @@ def fit_heads(
     """Train fresh heads on `token_sequences`; the run's statistics come with them.
 
     `steps` defaults to `epochs` passes over the sequences. With `checkpoint` (a file path) the
-    state is saved every `save_every` steps and at the end; `resume=True` continues from it.
+    state is saved every `save_every` steps and at the end; `resume=True` continues from it
+    when there is one.
     """
     if len(token_sequences) == 0:
         raise DecodingError("no training sequences")
@@ -354,14 +355,13 @@ def fit_heads(
     bf16 = device.type == "cuda" if bf16 is None else bf16
     steps = steps or max(1, math.ceil(epochs * len(token_sequences) / batch_size))
     model.eval()
-    torch.manual_seed(seed)
     heads = new_heads(model, num_heads, num_layers)
     optimizer = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=weight_decay)
     scheduler = get_cosine_schedule_with_warmup(optimizer, round(0.1 * steps), steps)
     run = TrainingRun(heads=heads, steps=0, tokens=0)
-    if resume:
+    if resume and checkpoint is not None and checkpoint.exists():
         _restore(run, optimizer, scheduler, checkpoint, steps)
-    else:
+    else:  # a fresh start (also a resume killed before its first save)
         check_lm_head_reads(model, *_training_batch(token_sequences, 0, batch_size, seed, device))
 
     def save() -> None:
@@ -407,12 +407,10 @@ def _restore(
     run: TrainingRun,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
-    checkpoint: Path | None,
+    checkpoint: Path,
     steps: int,
 ) -> None:
-    if checkpoint is None or not checkpoint.exists():
-        raise DecodingError(f"nothing to resume: no checkpoint at {checkpoint}")
-    state = torch.load(checkpoint, weights_only=False, map_location="cpu")
+    state = torch.load(checkpoint, weights_only=True, map_location="cpu")
     if state["heads_config"] != asdict(run.heads.config) or state["total_steps"] != steps:
         raise DecodingError(
             "the checkpoint was made with other heads or another step count: resume with the "

@@ -169,6 +169,11 @@ def test_resume_continues_exactly(
     for key, value in straight.state_dict().items():
         torch.testing.assert_close(resumed.heads.state_dict()[key], value)
 
+    # A run killed before its first save has nothing to resume from: it starts afresh.
+    afresh = th.fit_heads(model, sequences, checkpoint=tmp_path / "none.pt", resume=True, **options)
+    for key, value in straight.state_dict().items():
+        torch.testing.assert_close(afresh.heads.state_dict()[key], value)
+
 
 def test_saved_heads_reload_identically_and_v01_layout(model: LlamaForCausalLM, tmp_path: Path) -> None:
     heads = th.new_heads(model, num_heads=3)
