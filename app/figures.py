@@ -126,8 +126,8 @@ def tree_figure(tree: TreeTrace, rnd: RoundTrace, scale: float = 1.0) -> go.Figu
     )
     fig.update_yaxes(visible=False, autorange="reversed")
     fig.update_layout(
-        title=dict(text=f"Round {rnd.index + 1}: {tree.size} candidate nodes, "
-                        f"{len(rnd.accepted_nodes) - 1} guess(es) accepted", x=0.01, y=0.99),
+        title=dict(text=f"Round {rnd.index + 1} · {len(rnd.accepted_nodes) - 1} of {tree.size - 1} guesses accepted",
+                   x=0.01, y=0.99, font=dict(size=round(15 * scale))),
         legend=dict(orientation="h", yanchor="top", y=-0.02, x=0, font=dict(size=round(11 * scale))),
     )
     height = int(140 + ROW_PX * scale * max(rows, 4))
@@ -235,7 +235,8 @@ def mask_figure(tree: TreeTrace, rnd: RoundTrace, scale: float = 1.0) -> go.Figu
                 tickfont=dict(size=tick_size), showgrid=False, zeroline=False)
     fig.update_xaxes(**axis, tickangle=-60, side="top", constrain="domain")
     fig.update_yaxes(**axis, autorange="reversed", scaleanchor="x", constrain="domain")
-    fig.update_layout(title=dict(text=f"Tree attention mask, round {rnd.index + 1}", x=0.01, y=0.995))
+    fig.update_layout(title=dict(text=f"Attention mask · round {rnd.index + 1}", x=0.01, y=0.995,
+                                 font=dict(size=round(15 * scale))))
     height = int(min(760, 260 + 14 * n) * scale)
     fig = _base_layout(fig, height=height, scale=scale, uirevision=f"mask-{tree.name}-{n}")
     fig.update_layout(margin=dict(l=10, r=10, t=110, b=50))

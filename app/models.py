@@ -74,7 +74,9 @@ class ModelCache:
                 self._tiny_dir = make_tiny_model_dir(Path(tempfile.mkdtemp(prefix="medusa-tiny-")))
             return load_model(str(self._tiny_dir))
         try:
-            return load_model(name)
+            # On ZeroGPU a model may be moved to CUDA at start-up but not run outside a GPU
+            # call, so the load-time self-test (a forward pass) is skipped there.
+            return load_model(name, self_test=not ON_ZERO_GPU)
         except DecodingError:
             raise
         except Exception as e:  # a broken download or checkpoint must not take the app down

@@ -127,6 +127,13 @@ def open_tab(page, name: str) -> None:
     page.wait_for_timeout(600)  # the tab's figures re-fit after a resize event
 
 
+def walk_to_step(page, number: int) -> None:
+    """Step the Learn walkthrough forward to step `number` (later steps open only in order)."""
+    for _ in range(number - 1):
+        page.get_by_role("button", name="Next ▶").click()
+        page.wait_for_timeout(300)
+
+
 def shoot(page, path: Path, full_page: bool = True) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(path), full_page=full_page)
@@ -145,8 +152,7 @@ def photograph_every_view(page, folder: Path, prompt: str | None = None) -> list
     open_tab(page, "Stats")
     shots.append(shoot(page, folder / "04-stats.png"))
     open_tab(page, "Learn")
-    page.get_by_role("button", name="Tree & mask").first.click()
-    page.wait_for_timeout(400)
+    walk_to_step(page, 4)
     shots.append(shoot(page, folder / "05-learn.png"))
     open_tab(page, "Playground")
     page.click("#class-mode input")

@@ -16,6 +16,7 @@ from decoding.trace import RunTrace
 
 from .figures import acceptance_by_depth, pass_cost_ratio, seconds_per_pass, speedup
 from .tokens import visible
+from .tree_layout import leaf_count
 
 EXPLAINER_DIR = Path(__file__).resolve().parent.parent / "assets" / "explainer"
 PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
@@ -76,7 +77,7 @@ def run_values(run: RunTrace) -> dict[str, str]:
         values |= {
             "tree_name": tree.name,
             "tree_nodes": str(tree.size),
-            "tree_candidates": str(sum(1 for n in range(tree.size) if n not in tree.parents)),
+            "tree_candidates": str(leaf_count(tree.parents)),
             "tree_depth": str(max(tree.depths)),
         }
     if run.rounds:

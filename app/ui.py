@@ -19,10 +19,11 @@ import plotly.graph_objects as go
 from decoding import DecodeSettings, DecodingError, MedusaModel, RunTrace, Tree, generate, stream
 
 from . import figures
-from .models import ON_ZERO_GPU, ModelCache, describe, gpu, model_choices, warm_up
+from .models import ON_ZERO_GPU, ModelCache, gpu, model_choices, warm_up
 from .race import TIMING_NOTE, RaceFrame, race, race_summary
 from .text import load_steps, render_steps
 from .tokens import legend_html, stream_html, token_label
+from .tree_layout import leaf_count
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 MODEL_QUEUE = "model"
@@ -133,7 +134,7 @@ def round_info(trace: RunTrace, index: int) -> str:
     guesses = sum(rnd.emitted_from_heads)
     tokens = " ".join(f"`{token_label(t, 14)}`" for t in rnd.emitted_texts)
     tried = (f"verified **{rnd.tree_size} tree nodes** "
-             f"({sum(1 for n in range(trace.tree.size) if n not in trace.tree.parents)} candidate paths)"
+             f"({leaf_count(trace.tree.parents)} candidate paths)"
              if trace.tree is not None and rnd.tree_size else "one token")
     return (f"**Round {index + 1} of {len(trace.rounds)}** · {tried} in one pass · accepted "
             f"**{guesses} guess(es) + 1 base token = {rnd.accepted_length} token(s)**: {tokens}  \n"
@@ -156,7 +157,7 @@ def round_figures(trace: RunTrace | None, index: int, scale: float) -> tuple[str
 def run_summary(trace: RunTrace, first_round_after: float | None) -> str:
     tokens = len(trace.tokens)
     state = f"stopped: {trace.stop_reason}" if trace.stop_reason else "running…"
-    latency = f" · first round on screen {first_round_after:.2f} s after Run" if first_round_after else ""
+    latency = f" · first round ready {first_round_after:.2f} s after Run" if first_round_after else ""
     return (f"**{tokens} tokens in {trace.forward_passes} passes** (1 prefill + {len(trace.rounds)} rounds) · "
             f"**{trace.mean_accepted:.2f} tokens per pass** · {trace.total_time:.2f} s measured "
             f"({trace.tokens_per_second:.0f} tokens/s) · {state}{latency}")
@@ -227,11 +228,12 @@ def learn_banner(run: RunTrace | None, ar: RunTrace | None) -> str:
 def race_pane(title: str, trace: RunTrace | None, clock: float) -> str:
     if trace is None:
         return f'<div class="pane"><div class="pane-head">{title}</div><div class="stream stream-empty">waiting…</div></div>'
-    shown = [t for t in figures.timeline(trace)[0][1:] if t <= clock]
-    tokens = figures.timeline(trace)[1][len(shown)]
+    times, counts = figures.timeline(trace)
+    passes = sum(1 for t in times[1:] if t <= clock)  # the first point is the start, not a pass
     done = clock >= trace.total_time
-    return (f'<div class="pane"><div class="pane-head">{title}<span>{tokens} tokens · {len(shown)} passes'
-            f'{" · done in %.2f s" % trace.total_time if done else ""}</span></div>'
+    finished = f" · done in {trace.total_time:.2f} s" if done else ""
+    return (f'<div class="pane"><div class="pane-head">{title}<span>{counts[passes]} tokens · '
+            f"{passes} passes{finished}</span></div>"
             f"{stream_html(trace, until=clock, show_prompt=False, caret=not done)}</div>")
 
 
@@ -577,7 +579,7 @@ def build_demo() -> gr.Blocks:
         timer.tick(play_tick, [run_state, slider, class_mode], [slider, *round_view, playing, timer, play_btn])
 
         acceptance.change(acceptance_controls, acceptance, [temperature, epsilon, delta, seed])
-        model_dd.change(gpu(switch_model), [model_dd, current_model],
+        model_dd.change(gpu(switch_model, duration=180), [model_dd, current_model],
                         [model_dd, current_model, model_md, num_heads, preset, tree_json], **model_work)
         preset.change(preset_text, [model_dd, preset], tree_json)
         for source in (tree_json.change, num_heads.change):

@@ -204,3 +204,37 @@ def test_stream_html_groups_tokens_by_pass_and_marks_head_tokens(run):
 def test_stream_html_escapes_text(run):
     run.prompt = "<script>alert(1)</script>"
     assert "<script>" not in stream_html(run)
+
+
+# ----------------------------------------------------------------------------- explainer text
+
+def test_explainer_steps_load_with_labels_and_the_view_they_point_at():
+    from app.text import load_steps
+
+    steps = load_steps()
+    assert len(steps) == 7
+    assert all(step.label and len(step.label) <= 14 for step in steps)
+    assert {step.shows for step in steps} <= {"race", "stream", "tree", "mask", "stats", "none"}
+    assert all(step.template.startswith(f"### {step.title}") for step in steps)
+
+
+def test_explainer_is_filled_with_this_runs_numbers(run):
+    from app.text import PLACEHOLDER, explainer_values, load_steps, render_steps
+
+    ar = make_ar_run(len(run.tokens))
+    steps = load_steps()
+    wanted = {name for step in steps for name in PLACEHOLDER.findall(step.template)}
+    assert wanted <= set(explainer_values(run, ar)), wanted - set(explainer_values(run, ar))
+    texts = render_steps(steps, run, ar)
+    assert not any("{{" in text for text in texts)
+    speedup_step = texts[5]
+    assert f"**{run.forward_passes} passes produced {len(run.tokens)} tokens**" in speedup_step
+    assert f"{figures.speedup(ar, run):.2f}×" in speedup_step
+
+
+def test_explainer_before_any_run_shows_dashes_not_placeholders():
+    from app.text import MISSING, load_steps, render_steps
+
+    texts = render_steps(load_steps(), None, None)
+    assert not any("{{" in text for text in texts)
+    assert MISSING in texts[5]
