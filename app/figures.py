@@ -230,14 +230,14 @@ def mask_figure(tree: TreeTrace, rnd: RoundTrace, scale: float = 1.0) -> go.Figu
                       orientation="h", thickness=12, len=0.9, x=0.5, y=-0.02, yanchor="top"),
         text=hover, hovertemplate="%{text}<extra></extra>",
     ))
-    tick_size = round(max(7, min(12, 520 / n)) * scale)
+    tick_size = round(max(7, min(12, 560 / n)) * scale)
     axis = dict(tickmode="array", tickvals=list(range(n)), ticktext=labels,
                 tickfont=dict(size=tick_size), showgrid=False, zeroline=False)
     fig.update_xaxes(**axis, tickangle=-60, side="top", constrain="domain")
     fig.update_yaxes(**axis, autorange="reversed", scaleanchor="x", constrain="domain")
     fig.update_layout(title=dict(text=f"Attention mask · round {rnd.index + 1}", x=0.01, y=0.995,
                                  font=dict(size=round(15 * scale))))
-    height = int(min(760, 260 + 14 * n) * scale)
+    height = int((300 + 9 * n) * scale)
     fig = _base_layout(fig, height=height, scale=scale, uirevision=f"mask-{tree.name}-{n}")
     fig.update_layout(margin=dict(l=10, r=10, t=110, b=50))
     return fig

@@ -441,9 +441,17 @@ accepted guess is a pass saved. Everything below is measured live on this machin
 TREE_KEY = """**Reading the tree:** depth runs left to right, one column per head; colour = which
 head guessed the token, dot size = how sure the head was, green path = accepted, faded =
 rejected, ★ = the base model's own next token (free, from the same pass). Hover any node for its
-head, rank, probabilities and what the base model itself predicted there. **The mask:** row *i*
-may attend to column *j* only if *j* is *i*'s ancestor; green rows are the accepted path. Use the
-camera icon of a figure to save it as PNG."""
+head, rank, probabilities and what the base model itself predicted there. The camera icon of a
+figure saves it as PNG."""
+
+MASK_KEY = """**Reading the mask.** All tree nodes go through the model in one pass. Row *i* is what
+node *i* may look at: column *j* is lit only if node *j* is *i* itself or one of its ancestors
+(column 0, the root, is lit for everyone). Siblings and cousins stay dark, so each path is
+computed exactly as if it were alone.
+
+Each node also gets the position of its depth, so the model sees every path as ordinary text.
+
+**Green rows** are the accepted path of this round. Hover a cell to see why it is lit or dark."""
 
 EXPORT_NOTE = """The trace is everything the engine recorded: settings, every round's tree, the
 heads' guesses and probabilities, the base model's predictions, the accepted path and the time of
@@ -515,10 +523,13 @@ def build_demo() -> gr.Blocks:
                     play_btn = gr.Button("▶ Play", scale=0, min_width=120, elem_id="play-rounds")
                 round_md = gr.Markdown(elem_id="round-info")
                 info, tree_fig, mask_fig = round_figures(None, 0, 1.0)
-                with gr.Row(equal_height=False):
-                    tree_plot = gr.Plot(tree_fig, show_label=False, elem_id="tree-plot", scale=3)
-                    mask_plot = gr.Plot(mask_fig, show_label=False, elem_id="mask-plot", scale=2)
+                # The tree gets the full width (a 64-node tree has 42 leaves and 5 columns of
+                # labels); the square mask sits beside its key.
+                tree_plot = gr.Plot(tree_fig, show_label=False, elem_id="tree-plot")
                 gr.Markdown(TREE_KEY)
+                with gr.Row(equal_height=False):
+                    mask_plot = gr.Plot(mask_fig, show_label=False, elem_id="mask-plot", scale=3)
+                    gr.Markdown(MASK_KEY, elem_id="mask-key")
 
             with gr.Tab("Race", id="race"):
                 gr.Markdown(TIMING_NOTE)
