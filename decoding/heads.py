@@ -76,11 +76,22 @@ class MedusaHeads(nn.Module):
             for head in self.heads:
                 head[-1].weight.copy_(lm_head.weight)
 
+    def _check_lm_head(self, lm_head: nn.Module | None) -> None:
+        if self.config.shared_lm_head and lm_head is None:
+            raise ValueError("these heads reuse the base lm_head: pass it in")
+
+    def head_logits(self, index: int, hidden: torch.Tensor, lm_head: nn.Module | None = None) -> torch.Tensor:
+        """Logits of head `index` (0-based) alone: training backpropagates one head at a time."""
+        self._check_lm_head(lm_head)
+        out = self.heads[index](hidden)
+        return lm_head(out) if self.config.shared_lm_head else out
+
     def forward(self, hidden: torch.Tensor, lm_head: nn.Module | None = None) -> torch.Tensor:
+        self._check_lm_head(lm_head)
         if self.config.shared_lm_head:
-            if lm_head is None:
-                raise ValueError("these heads reuse the base lm_head: pass it to forward()")
-            return torch.stack([lm_head(head(hidden)) for head in self.heads])
+            # One (K, H) x (H, V) product reads the vocabulary matrix once for all heads; on a
+            # CPU that read, not the arithmetic, is most of a head's cost.
+            return lm_head(torch.stack([head(hidden) for head in self.heads]))
         return torch.stack([head(hidden) for head in self.heads])
 
     # ----- the project's own layout: safetensors + a small JSON config -----

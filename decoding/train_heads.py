@@ -175,33 +175,41 @@ def _model_device(model: PreTrainedModel) -> torch.device:
 
 
 def _each_head(
-    heads: MedusaHeads, hidden: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, bf16: bool
+    heads: MedusaHeads, hidden: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, bf16: bool,
+    lm_head: torch.nn.Module,
 ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
     """(k, logits, targets) for head k = 1..K, over just the positions where head k has a target.
 
     A generator on purpose: the training loop calls backward on one head's loss before the next
     head's (positions, vocab) logits are made, so only one head's logits are alive at a time.
     """
-    for k, head in enumerate(heads.heads, start=1):
+    for k in range(1, heads.num_heads + 1):
         targets = head_targets(ids, mask, k)
         valid = targets != IGNORE_INDEX
         if valid.any():
             with _autocast(hidden.device, bf16):
-                logits = head(hidden[valid])
+                logits = heads.head_logits(k - 1, hidden[valid], lm_head)
             yield k, logits.float(), targets[valid]
 
 
 # ----- heads -----------------------------------------------------------------------------------
 
 
-def new_heads(model: PreTrainedModel, num_heads: int = 5, num_layers: int = 1) -> MedusaHeads:
-    """Fresh heads sized from the model's lm_head and initialised from it (the reference init)."""
+def new_heads(
+    model: PreTrainedModel, num_heads: int = 5, num_layers: int = 1, shared_lm_head: bool = False
+) -> MedusaHeads:
+    """Fresh heads sized from the model's lm_head and initialised from it (the reference init).
+
+    With `shared_lm_head` the heads have no vocabulary projection of their own and reuse the
+    frozen base lm_head (the "version 2" layout): far smaller, and cheaper to draft with on a CPU.
+    """
     lm_head = model.get_output_embeddings()
     config = HeadsConfig(
         num_heads=num_heads,
         num_layers=num_layers,
         hidden_size=lm_head.in_features,
         vocab_size=lm_head.out_features,
+        shared_lm_head=shared_lm_head,
     )
     heads = MedusaHeads(config)
     heads.init_from_lm_head(lm_head)
@@ -249,7 +257,7 @@ def evaluate_heads(
         ids, mask = ids.to(device), mask.to(device)
         with _autocast(device, bf16):
             hidden = last_hidden_states(model, ids, mask).float()
-        for k, logits, targets in _each_head(heads, hidden, ids, mask, bf16):
+        for k, logits, targets in _each_head(heads, hidden, ids, mask, bf16, model.get_output_embeddings()):
             loss_sums[k - 1] += F.cross_entropy(logits, targets, reduction="sum").item()
             counts[k - 1] += len(targets)
             guesses = logits.topk(min(top_k, logits.shape[-1])).indices
@@ -307,7 +315,7 @@ def _train_step(
     with _autocast(ids.device, bf16):
         hidden = last_hidden_states(model, ids, mask).float()
     total = 0.0
-    for k, logits, targets in _each_head(heads, hidden, ids, mask, bf16):
+    for k, logits, targets in _each_head(heads, hidden, ids, mask, bf16, model.get_output_embeddings()):
         # Weight 1 for head 1, as the reference code does; Adam ignores the overall scale anyway.
         loss = loss_decay ** (k - 1) * F.cross_entropy(logits, targets)
         loss.backward()
@@ -329,6 +337,7 @@ def fit_heads(
     *,
     num_heads: int = 5,
     num_layers: int = 1,
+    shared_lm_head: bool = False,
     steps: int | None = None,
     epochs: float = 1.0,
     lr: float = 1e-3,
@@ -354,8 +363,9 @@ def fit_heads(
     device = _model_device(model)
     bf16 = device.type == "cuda" if bf16 is None else bf16
     steps = steps or max(1, math.ceil(epochs * len(token_sequences) / batch_size))
-    model.eval()
-    heads = new_heads(model, num_heads, num_layers)
+    # Frozen base: no gradient may reach it, not even through a shared lm_head (tied embeddings).
+    model.eval().requires_grad_(False)
+    heads = new_heads(model, num_heads, num_layers, shared_lm_head)
     optimizer = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=weight_decay)
     scheduler = get_cosine_schedule_with_warmup(optimizer, round(0.1 * steps), steps)
     run = TrainingRun(heads=heads, steps=0, tokens=0)
@@ -582,6 +592,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     heads = parser.add_argument_group("heads")
     heads.add_argument("--num-heads", type=int, default=5)
     heads.add_argument("--num-layers", type=int, default=1, help="ResBlocks per head")
+    heads.add_argument("--shared-lm-head", action="store_true",
+                       help="heads reuse the base lm_head instead of a vocabulary projection each "
+                            "(Medusa's 'version 2' layout: much smaller, cheaper to draft on a CPU)")
 
     data = parser.add_argument_group("data")
     data.add_argument("--data", type=Path, nargs="+", default=[],
@@ -800,9 +813,10 @@ def _run(args: argparse.Namespace) -> int:
         return evaluate_heads(model, heads, data["heldout"], args.top_k, args.batch_size,
                               args.loss_decay, bf16)
 
-    before = evaluate(new_heads(model, args.num_heads, args.num_layers))
+    before = evaluate(new_heads(model, args.num_heads, args.num_layers, args.shared_lm_head))
     run = fit_heads(
         model, data["train"], num_heads=args.num_heads, num_layers=args.num_layers,
+        shared_lm_head=args.shared_lm_head,
         steps=args.steps, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
         weight_decay=args.weight_decay, loss_decay=args.loss_decay, seed=args.seed, bf16=bf16,
         checkpoint=args.out / CHECKPOINT_DIR / STATE_FILE, save_every=args.save_every,

@@ -147,6 +147,21 @@ def test_training_lowers_the_loss_and_raises_accuracy(
     assert run.steps == 40 and run.tokens > 40 * 8
 
 
+def test_shared_lm_head_heads_train_and_stay_small(
+    model: LlamaForCausalLM, sequences: list[list[int]]
+) -> None:
+    """The "version 2" heads: only ResBlocks are trained; the frozen base lm_head projects."""
+    untrained = th.measure_head_accuracy(model, th.new_heads(model, 2, shared_lm_head=True), sequences)
+    run = th.fit_heads(model, sequences, num_heads=2, num_layers=2, shared_lm_head=True, steps=40,
+                       batch_size=8, lr=1e-2, progress=False)
+    trained = th.measure_head_accuracy(model, run.heads, sequences)
+    assert sum(run.losses[-5:]) < 0.9 * sum(run.losses[:5])
+    assert all(after[0] > before[0] for before, after in zip(untrained, trained))
+    hidden = model.config.hidden_size
+    assert sum(p.numel() for p in run.heads.parameters()) == 2 * 2 * (hidden * hidden + hidden)
+    assert all(not p.requires_grad or p.grad is None for p in model.parameters())
+
+
 def test_resume_continues_exactly(
     model: LlamaForCausalLM, sequences: list[list[int]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
