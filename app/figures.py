@@ -316,8 +316,7 @@ def accepted_histogram(trace: RunTrace, scale: float = 1.0) -> go.Figure:
     counts = accepted_length_counts(trace)
     lengths = list(range(1, max(counts, default=1) + 1))
     fig = go.Figure(go.Bar(
-        x=lengths, y=[counts.get(k, 0) for k in lengths],
-        marker_color=[BASE] + [head_colour(k - 1) for k in lengths[1:]],
+        x=lengths, y=[counts.get(k, 0) for k in lengths], marker_color=MEDUSA,
         hovertemplate="%{y} round(s) added %{x} token(s)<extra></extra>",
     ))
     fig.update_layout(title=dict(text=f"Tokens added per pass (mean {trace.mean_accepted:.2f})", x=0.01))

@@ -611,7 +611,7 @@ def _walkthrough(steps: list, tabs: gr.Tabs) -> list[gr.Markdown]:
     with gr.Walkthrough(selected=0) as walkthrough:
         for i, (step, text) in enumerate(zip(steps, initial)):
             with gr.Step(step.label, id=i):
-                step_mds.append(gr.Markdown(text))
+                step_mds.append(gr.Markdown(text, elem_id=f"learn-step-{i + 1}"))
                 with gr.Row():
                     if i > 0:
                         gr.Button("◀ Back", size="sm", scale=0).click(

@@ -9,7 +9,7 @@ import pytest
 from gradio_client import Client
 
 from app.screenshots import free_port
-from app.ui import build_demo, cache, decode_settings, format_choices, launch_options
+from app.ui import build_demo, cache, decode_settings, format_choices, launch_options, switch_model
 from decoding import DecodingError, RunTrace
 from decoding.tiny import make_tiny_model_dir
 
@@ -64,6 +64,11 @@ def test_bad_input_comes_back_as_a_message(client, args, message):
 
 def test_the_app_still_answers_after_errors(client):
     assert len(client.predict("Mr. Darcy", 4, api_name="/trace")["tokens"]) == 4
+
+
+def test_a_model_that_cannot_load_keeps_the_previous_one(client, tiny_model_dir):
+    dropdown, current, *_ = switch_model("/no/such/model", tiny_model_dir)
+    assert dropdown.value == tiny_model_dir and current == tiny_model_dir
 
 
 # ----------------------------------------------------------------------------- the page's checks

@@ -16,6 +16,7 @@ import pytest
 
 from app.screenshots import (
     CHROMIUM, browser_page, open_tab, plot_title, plot_traces, run_prompt, run_race, running_app, shoot,
+    walk_to_step,
 )
 from decoding.tiny import make_tiny_model_dir
 
@@ -58,6 +59,8 @@ def test_run_draws_tree_and_mask_and_steps_through_rounds(page, shots):
     assert plot_traces(page, "tree-plot") >= 6  # edges, nodes per depth, bonus token
     assert page.locator("#tree-plot .textpoint").count() >= 5  # token labels on the nodes
     assert plot_traces(page, "mask-plot") == 1  # the heatmap
+    # Figures export as PNG from Plotly's own toolbar.
+    assert page.locator("#tree-plot .modebar-btn[data-title*='png' i]").count() == 1
     last_tree, last_mask = plot_title(page, "tree-plot"), plot_title(page, "mask-plot")
     shoot(page, shots / "playground.png")
 
@@ -81,7 +84,10 @@ def test_race_draws_both_lines_and_states_how_it_was_timed(page, shots):
     assert plot_traces(page, "stats-figures") >= 3
     shoot(page, shots / "stats.png")
     open_tab(page, "Learn")
-    assert "passes produced" in page.locator("body").inner_text() or True
+    walk_to_step(page, 6)
+    speedup_step = page.locator("#learn-step-6").inner_text()
+    assert "passes produced" in speedup_step
+    assert "—" not in speedup_step  # every number of the step filled from this run and race
     shoot(page, shots / "learn.png")
 
 
