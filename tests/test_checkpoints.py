@@ -92,7 +92,7 @@ def test_shared_lm_head_variant(tmp_path, tiny_dirs, reference_heads):
     hidden = torch.randn(mm.heads.config.hidden_size)
     lm_head = mm.model.get_output_embeddings()
     expected = lm_head(reference_heads.heads[2][0](hidden))
-    assert torch.allclose(mm.heads(hidden, lm_head=lm_head)[2], expected)
+    torch.testing.assert_close(mm.heads(hidden, lm_head=lm_head)[2], expected)
 
 
 def test_own_layout_round_trip(tmp_path, reference_heads):
