@@ -4,6 +4,7 @@ Host and port come from Gradio's own GRADIO_SERVER_NAME / GRADIO_SERVER_PORT var
 Model work waits in one queue, so concurrent visitors take turns and none is dropped.
 """
 
+import app.gpu  # noqa: F401  (first: on a ZeroGPU Space, `spaces` must load before torch)
 from app.ui import build_demo, launch_options
 
 demo = build_demo().queue(default_concurrency_limit=8)

@@ -1,4 +1,4 @@
-"""Which models the app offers, loading each once, and running model work on a lent GPU.
+"""Which models the app offers, and loading each one once for every visitor.
 
 The engine's `available_models()` lists the embedded models first, then, where a GPU is present,
 the registry's published Medusa models. If no embedded model exists yet (a fresh clone before the
@@ -11,28 +11,16 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 from decoding import MODEL_REGISTRY, DecodeSettings, DecodingError, MedusaModel, available_models, generate, load_model
 from decoding.tiny import make_tiny_model_dir
 
+from .gpu import ON_ZERO_GPU
+
 # Set to a model name or directory to make it the default (the tests point it at a tiny model).
 MODEL_ENV = "MEDUSA_PLAYGROUND_MODEL"
 TINY = "tiny-random"
-
-try:  # On a Hugging Face ZeroGPU Space, `spaces.GPU` borrows a GPU for the call; elsewhere absent.
-    import spaces
-
-    ON_ZERO_GPU = True
-except ImportError:
-    spaces = None
-    ON_ZERO_GPU = False
-
-
-def gpu(fn: Callable, duration: int = 60) -> Callable:
-    """Run `fn` on a borrowed GPU when the `spaces` package exists; a no-op anywhere else."""
-    return spaces.GPU(duration=duration)(fn) if spaces is not None else fn
 
 
 def model_choices() -> list[tuple[str, str]]:
@@ -74,8 +62,7 @@ class ModelCache:
                 self._tiny_dir = make_tiny_model_dir(Path(tempfile.mkdtemp(prefix="medusa-tiny-")))
             return load_model(str(self._tiny_dir))
         try:
-            # On ZeroGPU a model may be moved to CUDA at start-up but not run outside a GPU
-            # call, so the load-time self-test (a forward pass) is skipped there.
+            # The load-time self-test is a forward pass, which ZeroGPU forbids outside a GPU call.
             return load_model(name, self_test=not ON_ZERO_GPU)
         except DecodingError:
             raise

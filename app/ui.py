@@ -19,7 +19,8 @@ import plotly.graph_objects as go
 from decoding import DecodeSettings, DecodingError, MedusaModel, RunTrace, Tree, generate, stream
 
 from . import figures
-from .models import ON_ZERO_GPU, ModelCache, gpu, model_choices, warm_up
+from .gpu import ON_ZERO_GPU, gpu
+from .models import ModelCache, model_choices, warm_up
 from .race import TIMING_NOTE, RaceFrame, race, race_summary
 from .text import load_steps, render_steps
 from .tokens import legend_html, stream_html, token_label
@@ -501,7 +502,7 @@ def build_demo() -> gr.Blocks:
                                   label="Heads to use")
 
         with gr.Row(equal_height=True):
-            prompt = gr.Textbox(value=prompts[0], label="Prompt", lines=2, scale=5, elem_id="prompt")
+            prompt = gr.Textbox(value=prompts[0], label="Prompt", lines=4, scale=5, elem_id="prompt")
             with gr.Column(scale=2, min_width=260):
                 max_new = gr.Slider(1, MAX_NEW_TOKENS_UI, value=64, step=1, precision=0, label="Max new tokens")
                 with gr.Row():
@@ -515,7 +516,7 @@ def build_demo() -> gr.Blocks:
             with gr.Tab("Playground", id="playground"):
                 stream_box = gr.HTML(stream_html(None), elem_id="stream-box")
                 summary_md = gr.Markdown(elem_id="run-summary")
-                with gr.Row(elem_id="round-controls", equal_height=True):
+                with gr.Row(elem_id="round-controls"):
                     prev_btn = gr.Button("◀ Previous", scale=0, min_width=120, elem_id="prev-round")
                     slider = gr.Slider(1, 2, value=1, step=1, label="Round", interactive=False,
                                        scale=4, elem_id="round-slider")

@@ -9,7 +9,6 @@ missing browser is a failure.
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
