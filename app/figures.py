@@ -363,16 +363,14 @@ def pass_cost_ratio(ar: RunTrace, medusa: RunTrace) -> float:
 
 def speed_figure(medusa: RunTrace, ar: RunTrace | None, scale: float = 1.0) -> go.Figure:
     """Tokens per pass (what the heads buy) against the measured speedup (what you get)."""
-    names = ["tokens per pass"]
-    values = [medusa.mean_accepted]
-    colours = [MEDUSA]
+    bars = [("tokens per pass", medusa.mean_accepted, f"{medusa.mean_accepted:.2f}", MEDUSA)]
     if ar is not None:
-        names += ["cost of a Medusa pass<br>(in plain passes)", "measured speedup"]
-        values += [pass_cost_ratio(ar, medusa), speedup(ar, medusa)]
-        colours += [AR, ACCEPTED]
-    fig = go.Figure(go.Bar(x=names, y=values, marker_color=colours, text=[f"{v:.2f}×" if i else f"{v:.2f}"
-                                                                      for i, v in enumerate(values)],
-                           textposition="outside", hovertemplate="%{x}: %{y:.2f}<extra></extra>"))
+        cost, ratio = pass_cost_ratio(ar, medusa), speedup(ar, medusa)
+        bars += [("cost of a Medusa pass<br>(in plain passes)", cost, f"{cost:.2f}×", AR),
+                 ("measured speedup", ratio, f"{ratio:.2f}×", ACCEPTED)]
+    names, values, labels, colours = (list(column) for column in zip(*bars))
+    fig = go.Figure(go.Bar(x=names, y=values, marker_color=colours, text=labels, textposition="outside",
+                           hovertemplate="%{x}: %{y:.2f}<extra></extra>"))
     fig.update_layout(title=dict(text="Tokens per pass vs. wall-clock speedup", x=0.01))
     fig.update_yaxes(rangemode="tozero", range=[0, max(values) * 1.25 + 0.1])
     return _base_layout(fig, height=int(320 * scale), scale=scale, uirevision="speed")
