@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+
 from . import train_base, train_heads
 from .bench import format_table, run_bench
 from .errors import DecodingError
@@ -33,6 +35,9 @@ def _add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heads", default=None, help="directory or hub id of the heads, if separate")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, mps")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's choice). Use fewer than the cores "
+                        "when another job is running: threads fighting over a core are very slow")
 
 
 def _add_decoding_arguments(p: argparse.ArgumentParser, many_trees: bool = False) -> None:
@@ -64,8 +69,16 @@ def _settings(args: argparse.Namespace, **overrides) -> DecodeSettings:
     return settings
 
 
+def _set_threads(args: argparse.Namespace) -> None:
+    if args.threads is not None:
+        if args.threads < 1:
+            raise DecodingError(f"--threads must be at least 1, not {args.threads}")
+        torch.set_num_threads(args.threads)
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     settings = _settings(args)
+    _set_threads(args)
     mm = load_model(args.model, args.heads, args.device, args.dtype)
     trace = generate(mm, args.prompt, settings)
     if args.json:
@@ -96,6 +109,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     prompts = read_prompts(args.prompts)
     trees = args.tree
     settings = _settings(args, tree=trees[0])
+    _set_threads(args)
     mm = load_model(args.model, args.heads, args.device, args.dtype)
     report = run_bench(mm, prompts, settings, trees, progress=not args.json)
     print(json.dumps(report, indent=2) if args.json else format_table(report))
