@@ -400,11 +400,13 @@ def step_round(trace: RunTrace | None, number: float, delta: int, class_mode: bo
     return (gr.Slider(value=index + 1), *round_figures(trace, index, scale_for(class_mode)))
 
 
-def toggle_play(playing: bool, trace: RunTrace | None, number: float) -> tuple:
+def toggle_play(playing: bool, trace: RunTrace | None, number: float, class_mode: bool) -> tuple:
+    """Play or pause; playing from the last round starts again at round 1."""
     start = not playing and trace is not None and len(trace.rounds) > 1
-    restart = start and int(number) >= len(trace.rounds)
-    return (start, gr.Timer(active=start), gr.Button(value="⏸ Pause" if start else "▶ Play"),
-            gr.Slider(value=1) if restart else gr.skip())
+    controls = (start, gr.Timer(active=start), gr.Button(value="⏸ Pause" if start else "▶ Play"))
+    if start and int(number) >= len(trace.rounds):
+        return (*controls, gr.Slider(value=1), *round_figures(trace, 0, scale_for(class_mode)))
+    return (*controls, gr.skip(), gr.skip(), gr.skip(), gr.skip())
 
 
 def play_tick(trace: RunTrace | None, number: float, class_mode: bool) -> tuple:
@@ -495,9 +497,10 @@ def build_demo() -> gr.Blocks:
             seed = gr.Number(value=-1, precision=0, label="Seed (-1 = random)", visible=False)
             preset = gr.Dropdown(list(model.trees), value=model.default_tree, label="Tree preset")
             tree_json = gr.Code(format_choices(model.trees[model.default_tree]), language="json",
-                                label="Tree (Medusa choices: one path of ranks per node)", lines=6, max_lines=12)
+                                label="Tree (Medusa choices: one path of ranks per node)", lines=6, max_lines=12,
+                                elem_id="tree-json")
             tree_md = gr.Markdown(describe_tree(tree_json.value, model.trees[model.default_tree],
-                                                 model.num_heads, default_heads))
+                                                 model.num_heads, default_heads), elem_id="tree-status")
             num_heads = gr.Slider(1, model.num_heads, value=default_heads, step=1, precision=0,
                                   label="Heads to use")
 
@@ -587,7 +590,8 @@ def build_demo() -> gr.Blocks:
         slider.release(show_round, [run_state, slider, class_mode], round_view)
         prev_btn.click(lambda t, n, c: step_round(t, n, -1, c), [run_state, slider, class_mode], [slider, *round_view])
         next_btn.click(lambda t, n, c: step_round(t, n, +1, c), [run_state, slider, class_mode], [slider, *round_view])
-        play_btn.click(toggle_play, [playing, run_state, slider], [playing, timer, play_btn, slider])
+        play_btn.click(toggle_play, [playing, run_state, slider, class_mode],
+                       [playing, timer, play_btn, slider, *round_view])
         timer.tick(play_tick, [run_state, slider, class_mode], [slider, *round_view, playing, timer, play_btn])
 
         acceptance.change(acceptance_controls, acceptance, [temperature, epsilon, delta, seed])

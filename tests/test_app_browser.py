@@ -71,6 +71,26 @@ def test_run_draws_tree_and_mask_and_steps_through_rounds(page, shots):
     assert "Round" in page.locator("#round-info").inner_text()
     shoot(page, shots / "previous-round.png")
 
+    page.click("#next-round")
+    page.wait_for_function(
+        f"document.querySelector('#tree-plot .gtitle')?.textContent === {last_tree!r}", timeout=15_000)
+    page.click("#play-rounds")  # at the last round, Play starts again from round 1
+    page.wait_for_function(
+        "document.querySelector('#tree-plot .gtitle')?.textContent.startsWith('Round 1 ')", timeout=15_000)
+    page.click("#play-rounds")
+    page.get_by_role("button", name="▶ Play").wait_for(timeout=10_000)
+
+
+def test_a_malformed_tree_is_explained_before_any_run(page):
+    editor = page.locator("#tree-json .cm-content")
+    original = editor.inner_text()
+    editor.fill("[[0], [0, 1")
+    page.get_by_text("the tree JSON is malformed").wait_for(timeout=10_000)
+    editor.fill("[[0], [1], [0, 0]]")
+    page.wait_for_function(
+        "document.querySelector('#tree-status')?.innerText.includes('4 nodes incl. root')", timeout=10_000)
+    editor.fill(original)
+
 
 def test_race_draws_both_lines_and_states_how_it_was_timed(page, shots):
     summary = run_race(page)
