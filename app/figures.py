@@ -16,7 +16,7 @@ from decoding.trace import RoundTrace, RunTrace, TreeTrace
 from .palette import (
     ACCEPTED, ALLOWED, AR, BASE, BLOCKED, FONT, MEDUSA, REJECTED, head_colour,
 )
-from .tokens import token_label, visible
+from .tokens import figure_text
 from .tree_layout import leaf_count, tidy_layout
 
 ROW_PX = 20  # vertical room per tree row (one leaf), enough for one line of label text
@@ -60,8 +60,8 @@ def head_prob(rnd: RoundTrace, tree: TreeTrace, node: int) -> float | None:
 
 def _node_hover(tree: TreeTrace, rnd: RoundTrace, node: int, accepted: set[int]) -> str:
     """What a node is, who guessed it, and what the base model itself predicted there."""
-    token = visible(rnd.node_texts[node])
-    after = (f"base model's next token after it: '{visible(rnd.base_argmax_texts[node])}' "
+    token = figure_text(rnd.node_texts[node])
+    after = (f"base model's next token after it: '{figure_text(rnd.base_argmax_texts[node])}' "
              f"(p={rnd.base_argmax_probs[node]:.2f})")
     if node == 0:
         return (f"<b>root</b> '{token}'<br>the base model's own token from the last pass"
@@ -75,7 +75,7 @@ def _node_hover(tree: TreeTrace, rnd: RoundTrace, node: int, accepted: set[int])
         f"head {tree.heads[node]}, rank {tree.ranks[node] + 1} (its top-{tree.ranks[node] + 1} guess)",
         f"head's probability: {p_head:.2f}" if p_head is not None else "",
         f"base model's probability of it: {p_base:.2f}" if p_base is not None else "",
-        f"base model's own prediction here: '{visible(rnd.base_argmax_texts[parent])}' "
+        f"base model's own prediction here: '{figure_text(rnd.base_argmax_texts[parent])}' "
         f"(p={rnd.base_argmax_probs[parent]:.2f})",
         after,
     ]
@@ -147,7 +147,7 @@ def _node_trace(tree: TreeTrace, rnd: RoundTrace, nodes: list[int],
         x=[pos[n][0] for n in nodes], y=[pos[n][1] for n in nodes],
         mode="markers+text",
         name="root (base model)" if depth == 0 else f"head {depth} guess",
-        text=[token_label(rnd.node_texts[n]) for n in nodes],
+        text=[figure_text(rnd.node_texts[n], 10) for n in nodes],
         textposition="middle right",
         textfont=dict(size=round(12 * scale),
                       color=["#0F172A" if a else "#94A3B8" for a in on_path]),
@@ -174,10 +174,10 @@ def _add_bonus_token(fig: go.Figure, tree: TreeTrace, rnd: RoundTrace,
                               dash="dot", legend=False))
     fig.add_trace(go.Scatter(
         x=[bonus_x], y=[y0], mode="markers+text", name="base model's bonus token",
-        text=[token_label(text)], textposition="middle right",
+        text=[figure_text(text, 10)], textposition="middle right",
         textfont=dict(size=round(12 * scale), color="#0F172A"),
         marker=dict(symbol="star", size=20 * scale, color=BASE, line=dict(color=ACCEPTED, width=2)),
-        hovertext=[f"<b>bonus</b> '{visible(text)}'<br>the base model's own next token after the "
+        hovertext=[f"<b>bonus</b> '{figure_text(text)}'<br>the base model's own next token after the "
                    f"accepted path, read from the same verify pass: it becomes the next root"],
         hoverinfo="text",
     ))
@@ -189,7 +189,7 @@ def mask_labels(tree: TreeTrace, rnd: RoundTrace) -> list[str]:
     """Axis labels, one per node: index + token, so repeated tokens stay distinct rows."""
     texts = rnd.node_texts or [""] * tree.size
     accepted = set(rnd.accepted_nodes)
-    return [f"{'✓ ' if n in accepted else ''}{n} {token_label(texts[n], 8)}" for n in range(tree.size)]
+    return [f"{'✓ ' if n in accepted else ''}{n} {figure_text(texts[n], 8)}" for n in range(tree.size)]
 
 
 def mask_cell_values(tree: TreeTrace, rnd: RoundTrace) -> list[list[int]]:
@@ -219,7 +219,7 @@ def mask_figure(tree: TreeTrace, rnd: RoundTrace, scale: float = 1.0) -> go.Figu
     """
     labels = mask_labels(tree, rnd)
     n = tree.size
-    tokens = [visible(t) for t in rnd.node_texts] if rnd.node_texts else [""] * n
+    tokens = [figure_text(t) for t in rnd.node_texts] if rnd.node_texts else [""] * n
     hover = [[_mask_hover(tree, tokens, r, c) for c in range(n)] for r in range(n)]
     fig = go.Figure(go.Heatmap(
         z=mask_cell_values(tree, rnd), x=list(range(n)), y=list(range(n)),

@@ -23,6 +23,14 @@ def token_label(text: str, max_chars: int = 10) -> str:
     return shown if len(shown) <= max_chars else shown[: max_chars - 1] + "…"
 
 
+def figure_text(text: str, max_chars: int | None = None) -> str:
+    """A token for a Plotly label or hover: whitespace drawn, shortened to `max_chars` if given,
+    and `<`, `>`, `&` escaped, because Plotly reads a few HTML tags in text (a "<br>" token would
+    otherwise break the line)."""
+    shown = token_label(text, max_chars) if max_chars else visible(text)
+    return html.escape(shown, quote=False)
+
+
 def _token_span(text: str, depth: int) -> str:
     """One token: coloured by who produced it (depth 0 = the base model, d = head d)."""
     colour = head_colour(depth)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from app import figures
-from app.tokens import stream_html, token_label, visible
+from app.tokens import figure_text, stream_html
 from app.tree_layout import leaf_count, path_to_root, tidy_layout
 from app_helpers import SMALL_CHOICES, make_ar_run, make_run, make_tree
 from decoding.tree import MC_SIM_7B_63
@@ -80,10 +80,10 @@ def test_tree_figure_labels_nodes_with_their_tokens_and_hover_has_the_facts(run)
             labelled[node] = (text, hover)
     assert sorted(labelled) == list(range(run.tree.size))
     for node, (text, hover) in labelled.items():
-        assert text == token_label(rnd.node_texts[node])
+        assert text == figure_text(rnd.node_texts[node], 10)
         if node:
             assert f"head {run.tree.heads[node]}, rank {run.tree.ranks[node] + 1}" in hover
-            parent_choice = visible(rnd.base_argmax_texts[run.tree.parents[node]])
+            parent_choice = figure_text(rnd.base_argmax_texts[run.tree.parents[node]])
             assert f"own prediction here: '{parent_choice}'" in hover
             assert ("accepted" in hover) == (node in rnd.accepted_nodes)
 
@@ -101,7 +101,7 @@ def test_bonus_token_is_the_base_argmax_after_the_last_accepted_node(run):
     rnd = run.rounds[1]
     assert rnd.accepted_nodes == [0]
     (bonus,) = _trace_named(fig := figures.tree_figure(run.tree, rnd), "base model's bonus")
-    assert bonus.text[0] == token_label(rnd.base_argmax_texts[0]) == token_label(rnd.emitted_texts[-1])
+    assert bonus.text[0] == figure_text(rnd.base_argmax_texts[0], 10) == figure_text(rnd.emitted_texts[-1], 10)
     assert fig.layout.height > 0
 
 
@@ -199,6 +199,15 @@ def test_stream_html_groups_tokens_by_pass_and_marks_head_tokens(run):
     assert html.count('class="pass"') == 1 + len(run.rounds)
     assert html.count("tok-head") == sum(sum(r.emitted_from_heads) for r in run.rounds)
     assert stream_html(run, until=0.0).count('class="pass"') == 0
+
+
+def test_figure_text_escapes_the_tags_plotly_would_read(run):
+    rnd = run.rounds[0]
+    rnd.node_texts = ["<br>"] * run.tree.size
+    fig = figures.tree_figure(run.tree, rnd)
+    labels = [t for tr in _trace_named(fig, "head") for t in tr.text]
+    assert labels and all(label == "&lt;br&gt;" for label in labels)
+    assert "<br>" not in figures.mask_labels(run.tree, rnd)[3]
 
 
 def test_stream_html_escapes_text(run):
