@@ -606,7 +606,8 @@ def build_demo() -> gr.Blocks:
                           [*round_view, race_plot, hist_plot, heads_plot, speed_plot])
 
         gr.api(gpu(trace_api), api_name="trace", **model_work)
-    return demo
+    # Redrawing events may run side by side; model work has its own queue of one (MODEL_QUEUE).
+    return demo.queue(default_concurrency_limit=8)
 
 
 def _walkthrough(steps: list, tabs: gr.Tabs) -> list[gr.Markdown]:

@@ -23,7 +23,7 @@ def tiny_model_dir(tmp_path_factory) -> str:
 def client(tiny_model_dir):
     with pytest.MonkeyPatch.context() as env:
         env.setenv("MEDUSA_PLAYGROUND_MODEL", tiny_model_dir)
-        demo = build_demo().queue()
+        demo = build_demo()
         demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(),
                     quiet=True, **launch_options())
         try:
@@ -64,6 +64,13 @@ def test_bad_input_comes_back_as_a_message(client, args, message):
 
 def test_the_app_still_answers_after_errors(client):
     assert len(client.predict("Mr. Darcy", 4, api_name="/trace")["tokens"]) == 4
+
+
+def test_concurrent_visitors_take_turns_and_none_is_lost(client):
+    jobs = [client.submit(f"Visitor {i} says", 6, api_name="/trace") for i in range(3)]
+    results = [job.result(timeout=120) for job in jobs]
+    assert [r["prompt"] for r in results] == [f"Visitor {i} says" for i in range(3)]
+    assert all(len(r["tokens"]) == 6 for r in results)
 
 
 def test_a_model_that_cannot_load_keeps_the_previous_one(client, tiny_model_dir):
