@@ -374,7 +374,7 @@ def switch_model(name: str, previous: str) -> tuple:
         model = cache.get(name)
     except DecodingError as e:
         gr.Warning(str(e))
-        return (gr.Dropdown(value=previous), previous, gr.skip(), gr.skip(), gr.skip(), gr.skip())
+        return (previous, previous, gr.skip(), gr.skip(), gr.skip(), gr.skip())
     return (gr.skip(), name, model_card(model),
             gr.Slider(maximum=model.num_heads, value=model.num_heads),
             gr.Dropdown(choices=list(model.trees), value=model.default_tree),
