@@ -143,10 +143,11 @@ def shoot(page, path: Path, full_page: bool = True) -> Path:
 def photograph_every_view(page, folder: Path, prompt: str | None = None) -> list[Path]:
     """Run, race, then photograph each tab (the walkthrough at the tree-and-mask step)."""
     shots = [shoot(page, folder / "01-start.png", full_page=False)]
-    run_prompt(page, prompt)
+    first_tree = run_prompt(page, prompt)
+    print(f"first tree drawn {first_tree:.2f} s after pressing Run")
     page.locator("#tree-plot").scroll_into_view_if_needed()
     shots.append(shoot(page, folder / "02-playground.png"))
-    run_race(page)
+    print(run_race(page))
     page.wait_for_timeout(800)
     shots.append(shoot(page, folder / "03-race.png"))
     open_tab(page, "Stats")
