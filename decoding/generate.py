@@ -276,6 +276,7 @@ def medusa_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings) -> Ite
             _detail(mm, tree, round_trace, node_tokens, logits, top_tokens, top_probs,
                     verdict.accepted_nodes, root)
         round_trace.t_end = clock.read()
+        round_trace.time_trace = round_trace.t_end - accepted_done
         trace.rounds.append(round_trace)
         root = verdict.next_token
         clock.pause()

@@ -60,6 +60,9 @@ class RoundTrace:
     time_verify: float
     time_accept: float
     t_end: float
+    # Seconds spent recording this round's details for the UI (0 when tracing is off): the
+    # price of watching, kept apart so it can be reported.
+    time_trace: float = 0.0
     # --- Medusa only (empty for AR runs or when detailed tracing is off) ---
     root_token: int | None = None
     # heads_topk_tokens[h][r]: head h+1's rank-r token; probs are the head's softmax probability.
