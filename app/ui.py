@@ -132,13 +132,19 @@ def model_card(model: MedusaModel) -> str:
 def round_info(trace: RunTrace, index: int) -> str:
     """The numbers of one round, as measured."""
     rnd = trace.rounds[index]
-    guesses = sum(rnd.emitted_from_heads)
+    from_heads = sum(rnd.emitted_from_heads)
+    from_base = rnd.accepted_length - from_heads
     tokens = " ".join(f"`{token_label(t, 14)}`" for t in rnd.emitted_texts)
-    tried = (f"verified **{rnd.tree_size} tree nodes** "
-             f"({leaf_count(trace.tree.parents)} candidate paths)"
-             if trace.tree is not None and rnd.tree_size else "one token")
-    return (f"**Round {index + 1} of {len(trace.rounds)}** · {tried} in one pass · accepted "
-            f"**{guesses} guess(es) + 1 base token = {rnd.accepted_length} token(s)**: {tokens}  \n"
+    if trace.tree is not None and rnd.tree_size:
+        accepted = len(rnd.accepted_nodes) - 1
+        tried = (f"verified **{rnd.tree_size} tree nodes** ({leaf_count(trace.tree.parents)} candidate "
+                 f"paths) in one pass · accepted **{accepted} guess(es)** · ")
+        # The last round may be cut short by the token limit (or end at an end-of-text token).
+        cut = " (cut at the end of the run)" if rnd.accepted_length < accepted + 1 else ""
+    else:
+        tried, cut = "one pass · ", ""
+    return (f"**Round {index + 1} of {len(trace.rounds)}** · {tried}added **{rnd.accepted_length} "
+            f"token(s)**{cut}: {from_heads} from heads + {from_base} from the base model: {tokens}  \n"
             f"Measured: draft {rnd.time_draft * 1e3:.1f} ms · verify {rnd.time_verify * 1e3:.1f} ms · "
             f"accept {rnd.time_accept * 1e3:.1f} ms · done {rnd.t_end:.3f} s into the run")
 

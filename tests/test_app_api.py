@@ -116,3 +116,16 @@ def test_an_edited_tree_is_cut_to_the_heads_in_use(model):
 def test_bad_settings_raise_a_readable_error(model, tree_text, overrides, message):
     with pytest.raises(DecodingError, match=message):
         _settings(model, tree_text, overrides.pop("num_heads", model.num_heads), **overrides)
+
+
+def test_round_numbers_agree_with_the_tree_even_when_the_run_ends_mid_round():
+    from app_helpers import SMALL_CHOICES, make_run
+
+    from app.ui import round_info
+
+    run = make_run(SMALL_CHOICES, accepted_leaves=[6])
+    assert "accepted **3 guess(es)** · added **4 token(s)**: 3 from heads + 1 from" in round_info(run, 0)
+    last = run.rounds[0]
+    last.emitted_tokens, last.emitted_texts, last.emitted_from_heads = (
+        last.emitted_tokens[:2], last.emitted_texts[:2], last.emitted_from_heads[:2])
+    assert "accepted **3 guess(es)** · added **2 token(s)** (cut at the end of the run)" in round_info(run, 0)
