@@ -156,6 +156,13 @@ def _start(mm: MedusaModel, trace: RunTrace, clock: Stopwatch, logits: torch.Ten
     return token
 
 
+def _hand_over(trace: RunTrace, clock: Stopwatch) -> Iterator[RunTrace]:
+    """Yield the trace to the consumer with the clock stopped: its time is not decoding time."""
+    clock.pause()
+    yield trace
+    clock.resume()
+
+
 # ----- plain autoregressive decoding -----
 @torch.inference_mode()
 def autoregressive_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings) -> Iterator[RunTrace]:
@@ -169,9 +176,7 @@ def autoregressive_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings
     logits, _ = prefill(mm, prompt_ids, cache)
     token = _start(mm, trace, clock, logits, settings, generator)
     produced = 1
-    clock.pause()
-    yield trace
-    clock.resume()
+    yield from _hand_over(trace, clock)
     while not trace.stop_reason:
         if cache.get_seq_length() + 1 > mm.context_length:
             trace.stop_reason = "context_limit"
@@ -190,9 +195,7 @@ def autoregressive_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings
             time_draft=0.0, time_verify=verified - start, time_accept=done - verified,
             t_end=clock.read(),
         ))
-        clock.pause()
-        yield trace
-        clock.resume()
+        yield from _hand_over(trace, clock)
     trace.total_time = clock.read()
     clock.pause()
     yield trace
@@ -238,9 +241,7 @@ def medusa_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings) -> Ite
     logits, hidden = prefill(mm, prompt_ids, cache, want_hidden=True)
     root = _start(mm, trace, clock, logits, settings, generator)
     produced = 1
-    clock.pause()
-    yield trace
-    clock.resume()
+    yield from _hand_over(trace, clock)
     while not trace.stop_reason:
         past = cache.get_seq_length()
         if past + tree.size > mm.context_length:
@@ -279,9 +280,7 @@ def medusa_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings) -> Ite
         round_trace.time_trace = round_trace.t_end - accepted_done
         trace.rounds.append(round_trace)
         root = verdict.next_token
-        clock.pause()
-        yield trace
-        clock.resume()
+        yield from _hand_over(trace, clock)
     trace.total_time = clock.read()
     clock.pause()
     yield trace
