@@ -142,8 +142,8 @@ def _published_heads(state: dict[str, torch.Tensor], hidden: int, vocab: int) ->
     if not keys:
         raise DecodingError("no Medusa head weights found (expected keys like '0.0.linear.weight')")
     num_heads = 1 + max(int(k.split(".")[0]) for k in keys)
-    num_layers = 1 + max(int(k.split(".")[1]) for k in keys if ".linear." in k) if any(
-        ".linear." in k for k in keys) else 0
+    block_indices = [int(k.split(".")[1]) for k in keys if ".linear." in k]
+    num_layers = 1 + max(block_indices) if block_indices else 0
     has_projection = f"0.{num_layers}.weight" in state
     heads = MedusaHeads(HeadsConfig(num_heads, num_layers, hidden, vocab, not has_projection))
     own_state = {f"heads.{k}": v for k, v in state.items() if k in keys}
