@@ -49,7 +49,8 @@ def random_heads(mm, seed: int, noise: float) -> MedusaHeads:
     return heads.eval()
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=12, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(prompt=prompts, choices=trees(), head_seed=st.integers(0, 2**16), noise=st.sampled_from([0.0, 0.05, 0.5]),
        arch=st.sampled_from(["llama", "qwen2", "gpt2"]))
 def test_medusa_greedy_equals_generate(tiny_models, prompt, choices, head_seed, noise, arch):
