@@ -7,7 +7,7 @@ from totals gathered in the same minutes. Several trees can be compared in one r
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tqdm import tqdm
 
@@ -55,20 +55,18 @@ class TreeResult:
     identical: bool = True
 
 
-def _settings(base: DecodeSettings, **changes) -> DecodeSettings:
-    return DecodeSettings(**{**base.__dict__, **changes})
 
 
 def run_bench(mm: MedusaModel, prompts: list[str], settings: DecodeSettings,
               trees: list, progress: bool = True) -> dict:
     """Decode every prompt with AR and with Medusa for each tree; return totals and ratios."""
-    ar_settings = _settings(settings, method="ar")
-    medusa_settings = [_settings(settings, method="medusa", tree=t) for t in trees]
+    ar_settings = replace(settings, method="ar")
+    medusa_settings = [replace(settings, method="medusa", tree=t) for t in trees]
     # Warm-up: first calls pay for allocations and lazy initialisation; keep that out of the figures.
-    warm = _settings(settings, max_new_tokens=min(8, settings.max_new_tokens))
-    generate(mm, prompts[0], _settings(warm, method="ar"))
+    warm = replace(settings, max_new_tokens=min(8, settings.max_new_tokens))
+    generate(mm, prompts[0], replace(warm, method="ar"))
     for s in medusa_settings:
-        generate(mm, prompts[0], _settings(s, max_new_tokens=warm.max_new_tokens))
+        generate(mm, prompts[0], replace(s, max_new_tokens=warm.max_new_tokens))
 
     ar = MethodTotals()
     # Each tree's own name and size, after pruning to the heads in use.
@@ -85,7 +83,7 @@ def run_bench(mm: MedusaModel, prompts: list[str], settings: DecodeSettings,
                 continue
             for s, result in zip(medusa_settings, results):
                 traced = generate(mm, prompt, s)
-                plain = generate(mm, prompt, _settings(s, detailed_trace=False))
+                plain = generate(mm, prompt, replace(s, detailed_trace=False))
                 result.medusa.add(traced)
                 result.untraced.add(plain)
                 outputs[result.tree] = traced.tokens

@@ -56,15 +56,13 @@ def _add_decoding_arguments(p: argparse.ArgumentParser, many_trees: bool = False
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def _settings(args: argparse.Namespace, **overrides) -> DecodeSettings:
+def _settings(args: argparse.Namespace, tree: str | list[list[int]]) -> DecodeSettings:
     settings = DecodeSettings(
         method=getattr(args, "method", "medusa"), max_new_tokens=args.max_new_tokens,
         acceptance=args.acceptance, temperature=args.temperature, top_p=args.top_p,
-        epsilon=args.epsilon, delta=args.delta, seed=args.seed, tree=args.tree,
+        epsilon=args.epsilon, delta=args.delta, seed=args.seed, tree=tree,
         num_heads=args.num_heads,
     )
-    for key, value in overrides.items():
-        setattr(settings, key, value)
     settings.validate()
     return settings
 
@@ -77,7 +75,7 @@ def _set_threads(args: argparse.Namespace) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = _settings(args, args.tree)
     _set_threads(args)
     mm = load_model(args.model, args.heads, args.device, args.dtype)
     trace = generate(mm, args.prompt, settings)
@@ -108,7 +106,7 @@ def read_prompts(path: Path) -> list[str]:
 def cmd_bench(args: argparse.Namespace) -> int:
     prompts = read_prompts(args.prompts)
     trees = args.tree
-    settings = _settings(args, tree=trees[0])
+    settings = _settings(args, trees[0])
     _set_threads(args)
     mm = load_model(args.model, args.heads, args.device, args.dtype)
     report = run_bench(mm, prompts, settings, trees, progress=not args.json)

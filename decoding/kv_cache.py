@@ -27,12 +27,11 @@ def new_cache() -> DynamicCache:
 
 def compact_cache(cache: DynamicCache, past_length: int, accepted_nodes: list[int]) -> None:
     """Keep the prefix and the accepted nodes' rows (in path order); drop every other tree row."""
-    keep = torch.tensor(accepted_nodes) + past_length
+    index = torch.tensor(accepted_nodes, device=cache.layers[0].keys.device) + past_length
     for layer in cache.layers:
         if not isinstance(layer, DynamicLayer) or not layer.is_initialized:
             raise DecodingError(f"unsupported cache layer {type(layer).__name__}")
         tree_rows = layer.keys.shape[-2] - past_length
-        index = keep.to(layer.keys.device)
         # The right-hand side is gathered into a new tensor before the write, so rows can move
         # down safely even when a destination is also a later source.
         layer.keys[..., past_length : past_length + len(accepted_nodes), :] = layer.keys[..., index, :]

@@ -46,6 +46,7 @@ from transformers import (
 
 from .errors import DecodingError
 from .heads import HeadsConfig, MedusaHeads
+from .loading import resolve_device, resolve_dtype
 from .optimal_tree import expected_tokens_per_pass, optimal_choices
 
 IGNORE_INDEX = -100  # F.cross_entropy skips targets with this value
@@ -677,18 +678,11 @@ def _check_arguments(args: argparse.Namespace) -> None:
             raise DecodingError(f"{path}: no such file or folder")
 
 
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 def load_base_model(name: str, device: torch.device) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
-    """Tokenizer and frozen model. bf16 weights on GPUs (the model is only read), fp32 on CPUs."""
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    """Tokenizer and frozen model, in the dtype decoding uses on this device (fp32 on CPUs)."""
     tokenizer = AutoTokenizer.from_pretrained(name)
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype).to(device).eval()
-    return tokenizer, model
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=resolve_dtype("auto", device))
+    return tokenizer, model.to(device).eval()
 
 
 def text_files(paths: Sequence[Path]) -> list[Path]:
@@ -803,7 +797,7 @@ def _run(args: argparse.Namespace) -> int:
     _check_arguments(args)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = pick_device(args.device)
+    device = resolve_device(args.device)
     bf16 = device.type == "cuda" if args.bf16 is None else args.bf16
     tokenizer, model = load_base_model(args.model, device)
     data = load_or_build_data(args, model, tokenizer)
