@@ -17,6 +17,7 @@ import gradio as gr
 import plotly.graph_objects as go
 
 from decoding import DecodeSettings, DecodingError, MedusaModel, RunTrace, Tree, generate, stream
+from decoding.prompts import example_prompts
 
 from . import figures
 from .gpu import ON_ZERO_GPU, gpu
@@ -52,11 +53,10 @@ POINT_AT = """() => {{ const el = document.getElementById('{elem}');
 cache = ModelCache()
 
 
-def example_prompts() -> list[str]:
-    path = ASSETS / "prompts" / "austen.txt"
-    if path.is_file():
-        return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return DEFAULT_PROMPTS
+def example_rows(model_names: list[str]) -> list[list[str]]:
+    """[prompt, model] rows: every listed model's shipped examples, so picking one picks its model."""
+    rows = [[prompt, name] for name in model_names for prompt in example_prompts(name)]
+    return rows or [[prompt, model_names[0]] for prompt in DEFAULT_PROMPTS]
 
 
 def scale_for(class_mode: bool) -> float:
@@ -477,7 +477,7 @@ def build_demo() -> gr.Blocks:
     if not ON_ZERO_GPU:  # on ZeroGPU there is no GPU outside a request to warm up on
         warm_up(model)
     steps = load_steps()
-    prompts = example_prompts()
+    examples = example_rows([name for _, name in choices])
     default_heads = model.num_heads
 
     with gr.Blocks(title="Medusa Playground") as demo:
@@ -511,13 +511,13 @@ def build_demo() -> gr.Blocks:
                                   label="Heads to use")
 
         with gr.Row(equal_height=True):
-            prompt = gr.Textbox(value=prompts[0], label="Prompt", lines=4, scale=5, elem_id="prompt")
+            prompt = gr.Textbox(value=examples[0][0], label="Prompt", lines=4, scale=5, elem_id="prompt")
             with gr.Column(scale=2, min_width=260):
                 max_new = gr.Slider(1, MAX_NEW_TOKENS_UI, value=64, step=1, precision=0, label="Max new tokens")
                 with gr.Row():
                     run_btn = gr.Button("Run", variant="primary", elem_id="run-button")
                     race_btn = gr.Button("Race vs plain", elem_id="race-button")
-        gr.Examples([[p] for p in prompts], inputs=prompt, label="Example prompts")
+        gr.Examples(examples, inputs=[prompt, model_dd], label="Example prompts (each with its model)")
         controls = Controls(prompt, model_dd, max_new, acceptance, temperature, epsilon, delta, seed,
                             preset, tree_json, num_heads)
 

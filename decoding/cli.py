@@ -14,6 +14,7 @@ from .bench import format_table, run_bench
 from .errors import DecodingError
 from .generate import generate
 from .loading import load_model
+from .prompts import read_prompts
 from .settings import ACCEPTANCE_SCHEMES, METHODS, DecodeSettings
 
 
@@ -92,17 +93,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def read_prompts(path: Path) -> list[str]:
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as e:
-        raise DecodingError(f"cannot read prompts file {path}: {e.strerror}") from e
-    prompts = [line.strip() for line in lines if line.strip()]
-    if not prompts:
-        raise DecodingError(f"{path} holds no prompts (one per line)")
-    return prompts
-
-
 def cmd_bench(args: argparse.Namespace) -> int:
     prompts = read_prompts(args.prompts)
     trees = args.tree
@@ -127,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="AR vs Medusa speed, side by side in one run")
     _add_model_arguments(bench)
-    bench.add_argument("--prompts", type=Path, required=True, help="text file, one prompt a line")
+    bench.add_argument("--prompts", type=Path, required=True, help=".txt file, one prompt a line, or .json list of strings")
     _add_decoding_arguments(bench, many_trees=True)
     bench.set_defaults(func=cmd_bench)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import gzip
 import re
 import struct
+import sysconfig
 import zlib
 from pathlib import Path
 
@@ -37,6 +38,14 @@ AUSTEN_BOOKS = (
     "persuasion",
 )
 DEFAULT_HELDOUT_FRACTION = 0.03
+# The code corpus: every module of the running Python's standard library, minus the parts that
+# are data or tests rather than code a person wrote (codec tables, pydoc's topic dump, the
+# test suites, generated build config).
+STDLIB_EXCLUDED_PARTS = {"test", "tests", "idle_test", "encodings", "pydoc_data", "site-packages",
+                         "dist-packages", "__pycache__", "lib2to3"}
+STDLIB_EXCLUDED_PREFIXES = ("_sysconfigdata", "config-")
+# Every Nth module (in sorted order) is held out whole: code is judged on files never seen.
+STDLIB_HELDOUT_EVERY = 25
 
 # Chapter/volume headings start a new document; they carry no prose to learn.
 _HEADING = re.compile(r"^(chapter|volume)\s+([ivxlc]+|\d+)\b.*$", re.IGNORECASE)
@@ -151,15 +160,44 @@ def join_documents(documents: list[list[str]]) -> str:
     return DOC_SEPARATOR.join("\n\n".join(doc) + "\n" for doc in documents if doc)
 
 
+def stdlib_modules(root: Path | None = None) -> list[Path]:
+    """The standard library's own .py files, sorted, without tests, tables and build config."""
+    root = Path(root or sysconfig.get_paths()["stdlib"])
+    files = []
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).parts
+        if STDLIB_EXCLUDED_PARTS.intersection(parts) or parts[0].startswith(STDLIB_EXCLUDED_PREFIXES):
+            continue
+        files.append(path)
+    if not files:
+        raise DecodingError(f"no Python standard library found at {root}")
+    return files
+
+
+def build_stdlib_corpus(root: Path | None = None) -> tuple[str, str]:
+    """``(train_text, heldout_text)`` from the standard library: one document per module.
+
+    Source is kept verbatim (indentation is the syntax); only trailing whitespace is dropped.
+    Whole modules are held out, so held-out text is code in a file the model never saw.
+    """
+    train, heldout = [], []
+    for i, path in enumerate(stdlib_modules(root)):
+        text = path.read_text(encoding="utf-8", errors="replace").rstrip() + "\n"
+        (heldout if i % STDLIB_HELDOUT_EVERY == STDLIB_HELDOUT_EVERY - 1 else train).append(text)
+    return DOC_SEPARATOR.join(train), DOC_SEPARATOR.join(heldout)
+
+
 def build_corpus(
     source: str = "austen", heldout_fraction: float = DEFAULT_HELDOUT_FRACTION
 ) -> tuple[str, str]:
     """Return ``(train_text, heldout_text)`` for ``source``.
 
-    ``source`` is ``"austen"`` or a path to a ``.txt`` file or a folder of them
-    (each file treated like one book: chapters if it has headings, else one
-    document).
+    ``source`` is ``"austen"``, ``"stdlib"`` (Python's standard library, a code
+    corpus) or a path to a ``.txt`` file or a folder of them (each file treated
+    like one book: chapters if it has headings, else one document).
     """
+    if source == "stdlib":
+        return build_stdlib_corpus()
     if source == "austen":
         all_books = read_janeaustenr()
         books = [all_books[name] for name in AUSTEN_BOOKS]

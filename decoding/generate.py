@@ -250,7 +250,7 @@ def medusa_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings) -> Ite
         start = clock.read()
         # Draft: the heads read the hidden state of the token *before* the root (the one whose
         # logits chose the root), so head k guesses the token k places after the root.
-        top_tokens, top_probs = draft(mm, hidden, tree.top_k, with_probs=settings.detailed_trace)
+        top_tokens, top_probs = draft(mm, hidden, tree, with_probs=settings.detailed_trace)
         root_tensor = torch.tensor([root], device=mm.device)
         node_tokens = torch.cat([root_tensor, top_tokens.flatten()[draft_index]])
         drafted = clock.read()

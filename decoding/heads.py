@@ -86,13 +86,17 @@ class MedusaHeads(nn.Module):
         out = self.heads[index](hidden)
         return lm_head(out) if self.config.shared_lm_head else out
 
-    def forward(self, hidden: torch.Tensor, lm_head: nn.Module | None = None) -> torch.Tensor:
+    def forward(
+        self, hidden: torch.Tensor, lm_head: nn.Module | None = None, num_heads: int | None = None
+    ) -> torch.Tensor:
+        """Logits of the first `num_heads` heads (all by default): a tree of depth 2 needs two."""
         self._check_lm_head(lm_head)
+        heads = self.heads[: num_heads or self.num_heads]
         if self.config.shared_lm_head:
             # One (K, H) x (H, V) product reads the vocabulary matrix once for all heads; on a
             # CPU that read, not the arithmetic, is most of a head's cost.
-            return lm_head(torch.stack([head(hidden) for head in self.heads]))
-        return torch.stack([head(hidden) for head in self.heads])
+            return lm_head(torch.stack([head(hidden) for head in heads]))
+        return torch.stack([head(hidden) for head in heads])
 
     # ----- the project's own layout: safetensors + a small JSON config -----
     def save(self, directory: str | Path, extra: dict | None = None) -> None:

@@ -108,10 +108,11 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def embedded_models() -> list[str]:
-    """Names of the models shipped in assets/models (those with heads)."""
+    """Names of the models shipped in assets/models (those with heads), the default first."""
     if not EMBEDDED_MODELS_DIR.is_dir():
         return []
-    return sorted(p.name for p in EMBEDDED_MODELS_DIR.iterdir() if (p / OWN_HEADS_CONFIG).is_file())
+    names = sorted(p.name for p in EMBEDDED_MODELS_DIR.iterdir() if (p / OWN_HEADS_CONFIG).is_file())
+    return sorted(names, key=lambda name: name != DEFAULT_MODEL)
 
 
 def available_models() -> list[str]:

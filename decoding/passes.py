@@ -64,15 +64,18 @@ def decode_one_token(mm: MedusaModel, token: int, cache: DynamicCache) -> torch.
 
 
 def draft(
-    mm: MedusaModel, hidden: torch.Tensor, top_k: int, with_probs: bool = True
+    mm: MedusaModel, hidden: torch.Tensor, tree: Tree, with_probs: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Every head's top-k guesses from one hidden state: tokens and probabilities, (K, k) each.
+    """The top-k guesses of the heads the tree reads, from one hidden state: (depth, k) each.
 
     Head k's guesses are for the token k+1 places after the position whose hidden state this is,
-    i.e. k places after the root token the base model has just chosen. The probabilities are
-    only for showing; decoding needs the ranking alone, so they are skipped when not wanted.
+    i.e. k places after the root token the base model has just chosen. A tree of depth d reads
+    heads 1..d only, and k is the deepest rank it uses, so nothing else is computed. The
+    probabilities are only for showing; decoding needs the ranking alone.
     """
-    head_logits = mm.heads(hidden, lm_head=mm.model.get_output_embeddings()).float()
+    lm_head = mm.model.get_output_embeddings()
+    head_logits = mm.heads(hidden, lm_head=lm_head, num_heads=tree.max_depth).float()
+    top_k = tree.top_k
     top_logits, top_tokens = head_logits.topk(top_k, dim=-1)
     if not with_probs:
         return top_tokens, None

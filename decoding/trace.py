@@ -65,7 +65,8 @@ class RoundTrace:
     time_trace: float = 0.0
     # --- Medusa only (empty for AR runs or when detailed tracing is off) ---
     root_token: int | None = None
-    # heads_topk_tokens[h][r]: head h+1's rank-r token; probs are the head's softmax probability.
+    # heads_topk_tokens[h][r]: head h+1's rank-r token, for the heads the tree reads (1..its depth);
+    # probs are the head's softmax probability.
     heads_topk_tokens: list[list[int]] = field(default_factory=list)
     heads_topk_probs: list[list[float]] = field(default_factory=list)
     # Per tree node: its token, that token's text, the base model's probability of that token

@@ -52,7 +52,8 @@ _NOT_FLAGS = ("func", "command")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register train-base's flags; defaults are the settings of the shipped model."""
     parser.add_argument("--corpus", default="austen",
-                        help="'austen' (Debian r-cran-janeaustenr) or a .txt file / folder of them")
+                        help="'austen' (Debian r-cran-janeaustenr), 'stdlib' (this Python's standard library) "
+                             "or a .txt file / folder of them")
     parser.add_argument("--out", type=Path, default=Path("runs/train_base/austen"),
                         help="output folder: final model, tokenizer, log, checkpoint/")
     parser.add_argument("--vocab-size", type=int, default=8192)

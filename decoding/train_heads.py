@@ -48,6 +48,7 @@ from .errors import DecodingError
 from .heads import HeadsConfig, MedusaHeads
 from .loading import resolve_device, resolve_dtype
 from .optimal_tree import expected_tokens_per_pass, optimal_choices
+from .prompts import read_prompts
 
 IGNORE_INDEX = -100  # F.cross_entropy skips targets with this value
 # Not "checkpoint": heads may be trained into a base model's run folder, where train-base keeps its own.
@@ -604,7 +605,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--self-distill", action="store_true",
                       help="train on the model's own continuations of prompts (--prompts, and/or "
                            "the first --prompt-tokens of each --data chunk)")
-    data.add_argument("--prompts", type=Path, help="prompts file, one prompt per line")
+    data.add_argument("--prompts", type=Path, help="prompts file: .txt, one prompt a line, or .json list of strings")
     data.add_argument("--prompt-tokens", type=int, default=32,
                       help="prompt length when prompts are cut from --data chunks")
     data.add_argument("--max-prompts", type=int, default=None, help="use at most this many prompts")
@@ -730,8 +731,7 @@ def build_data(
 
     prompts: list[Prompt] = []
     if args.prompts:
-        lines = args.prompts.read_text(encoding="utf-8").splitlines()
-        prompts += [line.strip() for line in lines if line.strip()]
+        prompts += read_prompts(args.prompts)
     prompts += [c[: args.prompt_tokens] for c in chunks]
     random.Random(args.seed).shuffle(prompts)
     prompts = prompts[: args.max_prompts]

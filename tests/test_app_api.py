@@ -9,8 +9,10 @@ import pytest
 from gradio_client import Client
 
 from app.screenshots import free_port
-from app.ui import build_demo, cache, decode_settings, format_choices, launch_options, switch_model
+from app.ui import (DEFAULT_PROMPTS, build_demo, cache, decode_settings, example_rows, format_choices,
+                    launch_options, switch_model)
 from decoding import DecodingError, RunTrace
+from decoding.prompts import example_prompts
 from decoding.tiny import make_tiny_model_dir
 
 
@@ -129,3 +131,14 @@ def test_round_numbers_agree_with_the_tree_even_when_the_run_ends_mid_round():
     last.emitted_tokens, last.emitted_texts, last.emitted_from_heads = (
         last.emitted_tokens[:2], last.emitted_texts[:2], last.emitted_from_heads[:2])
     assert "accepted **3 guess(es)** · added **2 token(s)** (cut at the end of the run)" in round_info(run, 0)
+
+
+def test_each_example_prompt_comes_with_its_model():
+    """Picking an example also picks the model it was written for (prose or code)."""
+    rows = example_rows(["austen", "/a/model/without/examples"])
+    assert [prompt for prompt, _ in rows] == example_prompts("austen")
+    assert {model for _, model in rows} == {"austen"}
+
+
+def test_without_shipped_examples_the_first_model_gets_default_prompts():
+    assert example_rows(["/nowhere"]) == [[prompt, "/nowhere"] for prompt in DEFAULT_PROMPTS]

@@ -85,6 +85,32 @@ def test_cli_bench_json(capsys, tiny_dirs, tmp_path):
     assert report["ar"]["tokens"] == 2 * 16 and report["ar"]["forward_passes"] == 2 * 16
 
 
+def test_cli_bench_reads_multiline_prompts_from_json(capsys, tiny_dirs, tmp_path):
+    """Code prompts need newlines and indentation: a .json prompt file keeps them."""
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps(["def f(x):\n    return", "class A:\n    "]))
+    code, out, _ = run_cli(capsys, "bench", "--model", str(tiny_dirs["llama"]), "--prompts", str(prompts),
+                           "--max-new-tokens", "8", "--tree", "chain-3", "--json")
+    assert code == 0
+    assert json.loads(out)["prompts"] == 2
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("p.json", "[\"a\",", "is not valid JSON"),
+    ("p.json", "{\"prompt\": \"a\"}", "JSON list of strings"),
+    ("p.json", "[1, 2]", "JSON list of strings"),
+    ("p.json", "[\"  \"]", "holds no prompts"),
+    ("p.txt", "\n\n", "holds no prompts"),
+    ("missing.txt", None, "cannot read prompts file"),
+])
+def test_cli_bad_prompt_files_are_a_clear_error(capsys, tiny_dirs, tmp_path, name, content, message):
+    path = tmp_path / name
+    if content is not None:
+        path.write_text(content)
+    code, _, err = run_cli(capsys, "bench", "--model", str(tiny_dirs["llama"]), "--prompts", str(path))
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
 def test_module_entry_point_runs_as_a_process(tiny_dirs):
     """`python -m decoding` itself, in a fresh process, as a user would run it."""
     result = subprocess.run(

@@ -91,10 +91,11 @@ class OracleHeads(torch.nn.Module):
         self.config = HeadsConfig(num_heads, 0, states.shape[-1], vocab)
         self.num_heads = num_heads
 
-    def forward(self, hidden: torch.Tensor, lm_head=None) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, lm_head=None, num_heads: int | None = None) -> torch.Tensor:
         position = int((self.states - hidden).norm(dim=-1).argmin())
-        logits = torch.zeros(self.num_heads, self.config.vocab_size)
-        for k, token in enumerate(self.futures[position][: self.num_heads]):
+        count = num_heads or self.num_heads
+        logits = torch.zeros(count, self.config.vocab_size)
+        for k, token in enumerate(self.futures[position][:count]):
             logits[k, token] = 10.0
             if (position + k) % self.wrong_every == 0:
                 logits[k, (token + 1) % self.config.vocab_size] = 20.0  # a wrong top-1 guess

@@ -1,0 +1,45 @@
+"""Prompt files: the example prompts shipped with each embedded model, and the bench's inputs.
+
+A `.txt` file holds one prompt per line. Code needs newlines and indentation inside a prompt, so
+a `.json` file holds a list of strings instead. `assets/prompts/<model>.txt|json` are the
+examples the app offers for embedded model `<model>`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .errors import DecodingError
+
+PROMPTS_DIR = Path(__file__).resolve().parent.parent / "assets" / "prompts"
+
+
+def read_prompts(path: Path) -> list[str]:
+    """The prompts in `path`: lines of a .txt file, or the strings of a .json list."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise DecodingError(f"cannot read prompts file {path}: {e.strerror}") from e
+    if path.suffix == ".json":
+        try:
+            prompts = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise DecodingError(f"{path} is not valid JSON: {e.msg} at line {e.lineno}") from e
+        if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
+            raise DecodingError(f"{path} must hold a JSON list of strings")
+        prompts = [p for p in prompts if p.strip()]
+    else:
+        prompts = [line.strip() for line in text.splitlines() if line.strip()]
+    if not prompts:
+        raise DecodingError(f"{path} holds no prompts (.txt: one per line; .json: a list of strings)")
+    return prompts
+
+
+def example_prompts(model: str) -> list[str]:
+    """The example prompts shipped for embedded model `model`; none if it has no file."""
+    for suffix in (".json", ".txt"):
+        path = PROMPTS_DIR / f"{model}{suffix}"
+        if path.is_file():
+            return read_prompts(path)
+    return []
