@@ -177,7 +177,7 @@ def stdlib_modules(root: Path | None = None) -> list[Path]:
 def build_stdlib_corpus(root: Path | None = None) -> tuple[str, str]:
     """``(train_text, heldout_text)`` from the standard library: one document per module.
 
-    Source is kept verbatim (indentation is the syntax); only trailing whitespace is dropped.
+    Source is kept verbatim (indentation is the syntax); only whitespace at the end of a file goes.
     Whole modules are held out, so held-out text is code in a file the model never saw.
     """
     train, heldout = [], []

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from decoding import train_base
-from decoding.corpus import DOC_SEPARATOR, book_to_documents, build_corpus, split_documents
+from decoding.corpus import (DOC_SEPARATOR, STDLIB_HELDOUT_EVERY, book_to_documents, build_corpus,
+                             build_stdlib_corpus, split_documents, stdlib_modules)
 from decoding.errors import DecodingError
 
 NAMES = ["Emma", "Harriet", "Mr. Knightley", "Elinor", "Marianne", "Anne"]
@@ -73,6 +74,28 @@ def tiny_args(tmp_path: Path, *extra: str) -> argparse.Namespace:
         "--lr", "1e-2", "--warmup-steps", "5", "--eval-every", "10", "--eval-batches", "2",
         "--log-every", "5", "--threads", "1", *extra,
     ])
+
+
+def test_stdlib_corpus_keeps_code_verbatim_and_holds_out_whole_modules(tmp_path: Path) -> None:
+    root = tmp_path / "lib"
+    for i in range(2 * STDLIB_HELDOUT_EVERY):
+        (root / "pkg").mkdir(parents=True, exist_ok=True)
+        (root / "pkg" / f"m{i:02d}.py").write_text(f"def f{i}(x):\n    return x + {i}   \n")
+    for skipped in ("test/test_x.py", "encodings/cp1252.py", "_sysconfigdata__linux.py"):
+        (root / skipped).parent.mkdir(parents=True, exist_ok=True)
+        (root / skipped).write_text("SKIPPED = 1\n")
+    assert len(stdlib_modules(root)) == 2 * STDLIB_HELDOUT_EVERY
+    train, heldout = build_stdlib_corpus(root)
+    held = heldout.split(DOC_SEPARATOR)
+    assert len(held) == 2 and len(train.split(DOC_SEPARATOR)) == 2 * STDLIB_HELDOUT_EVERY - 2
+    assert held[0] == f"def f{STDLIB_HELDOUT_EVERY - 1}(x):\n    return x + {STDLIB_HELDOUT_EVERY - 1}\n"
+    assert "SKIPPED" not in train + heldout
+    assert not set(held) & set(train.split(DOC_SEPARATOR))
+
+
+def test_the_running_pythons_stdlib_is_a_corpus() -> None:
+    names = {path.name for path in stdlib_modules()}
+    assert {"argparse.py", "random.py", "dataclasses.py"} <= names and "cp1252.py" not in names
 
 
 def test_train_save_reload_generate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
