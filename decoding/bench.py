@@ -20,6 +20,7 @@ from .settings import DecodeSettings
 class MethodTotals:
     tokens: int = 0
     seconds: float = 0.0
+    round_seconds: float = 0.0  # the rounds alone: prefill left out
     trace_seconds: float = 0.0
     passes: int = 0
     rounds: int = 0
@@ -28,6 +29,7 @@ class MethodTotals:
     def add(self, trace) -> None:
         self.tokens += len(trace.tokens)
         self.seconds += trace.total_time
+        self.round_seconds += trace.total_time - trace.time_prefill
         self.trace_seconds += sum(r.time_trace for r in trace.rounds)
         self.passes += trace.forward_passes
         self.rounds += len(trace.rounds)
@@ -38,12 +40,17 @@ class MethodTotals:
         return self.tokens / self.seconds if self.seconds else 0.0
 
     @property
+    def seconds_per_round(self) -> float:
+        return self.round_seconds / self.rounds if self.rounds else 0.0
+
+    @property
     def mean_accepted(self) -> float:
         return self.round_tokens / self.rounds if self.rounds else 0.0
 
     def to_dict(self) -> dict:
         return {"tokens": self.tokens, "seconds": self.seconds, "forward_passes": self.passes,
-                "tokens_per_second": self.tokens_per_second, "mean_accepted": self.mean_accepted}
+                "tokens_per_second": self.tokens_per_second, "mean_accepted": self.mean_accepted,
+                "seconds_per_round": self.seconds_per_round}
 
 
 @dataclass
@@ -53,8 +60,6 @@ class TreeResult:
     medusa: MethodTotals = field(default_factory=MethodTotals)
     untraced: MethodTotals = field(default_factory=MethodTotals)
     identical: bool = True
-
-
 
 
 def run_bench(mm: MedusaModel, prompts: list[str], settings: DecodeSettings,
@@ -96,6 +101,9 @@ def run_bench(mm: MedusaModel, prompts: list[str], settings: DecodeSettings,
             "tree": r.tree, "tree_size": r.tree_size,
             "speedup": ar.seconds / r.medusa.seconds if r.medusa.seconds else 0.0,
             "mean_accepted": r.medusa.mean_accepted,
+            # What a Medusa round (draft + verify + accept) costs, in plain decoding steps:
+            # speedup ≈ mean_accepted / round_cost. Untraced rounds, so recording is not counted.
+            "round_cost": r.untraced.seconds_per_round / ar.seconds_per_round if ar.seconds_per_round else 0.0,
             "identical": r.identical if settings.acceptance == "greedy" else None,
             # Measured directly: time spent recording details over the time spent decoding.
             "trace_overhead": r.medusa.trace_seconds / (r.medusa.seconds - r.medusa.trace_seconds),
@@ -122,17 +130,21 @@ def format_table(report: dict) -> str:
         f"model {report['model']} on {report['device']} ({report['dtype']}), "
         f"{report['prompts']} prompts x {report['max_new_tokens']} new tokens, "
         f"acceptance {report['acceptance']}",
-        f"AR: {ar['tokens_per_second']:.1f} tok/s, {ar['forward_passes']} passes for {ar['tokens']} tokens",
+        f"AR: {ar['tokens_per_second']:.1f} tok/s, {ar['forward_passes']} passes for {ar['tokens']} tokens, "
+        f"{ar['seconds_per_round'] * 1e3:.2f} ms a step",
+        "round cost: one Medusa round (draft + verify + accept) in AR steps; "
+        "speedup ≈ accepted/pass ÷ round cost",
         "",
         f"{'tree':<16}{'nodes':>6}{'tok/s':>9}{'speedup':>9}{'accepted/pass':>15}"
-        f"{'passes':>8}{'trace cost':>12}{'identical':>11}",
+        f"{'round cost':>12}{'passes':>8}{'trace cost':>12}{'identical':>11}",
     ]
     for row in report["trees"]:
         m = row["medusa"]
         same = "-" if row["identical"] is None else ("yes" if row["identical"] else "NO")
         lines.append(
             f"{row['tree']:<16}{row['tree_size']:>6}{m['tokens_per_second']:>9.1f}"
-            f"{row['speedup']:>8.2f}x{row['mean_accepted']:>15.2f}{m['forward_passes']:>8}"
+            f"{row['speedup']:>8.2f}x{row['mean_accepted']:>15.2f}{row['round_cost']:>7.2f} steps"
+            f"{m['forward_passes']:>8}"
             f"{row['trace_overhead']:>11.1%}{same:>11}"
         )
     return "\n".join(lines)

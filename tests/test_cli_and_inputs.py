@@ -82,6 +82,10 @@ def test_cli_bench_json(capsys, tiny_dirs, tmp_path):
     assert report["identical"] is True and report["speedup"] > 0 and "trace_overhead" in report
     assert report["ar"]["tokens_per_second"] > 0 and report["medusa"]["tokens_per_second"] > 0
     assert [row["tree"] for row in report["trees"]] == ["chain-3", "cpu-12"]
+    for row in report["trees"]:  # a round's cost in plain steps, from untraced rounds
+        assert row["round_cost"] == pytest.approx(
+            row["medusa_untraced"]["seconds_per_round"] / report["ar"]["seconds_per_round"])
+        assert row["round_cost"] > 0.5
     assert report["ar"]["tokens"] == 2 * 16 and report["ar"]["forward_passes"] == 2 * 16
 
 
