@@ -73,8 +73,7 @@ def draft(
     heads 1..d only, and k is the deepest rank it uses, so nothing else is computed. The
     probabilities are only for showing; decoding needs the ranking alone.
     """
-    lm_head = mm.model.get_output_embeddings()
-    head_logits = mm.heads(hidden, lm_head=lm_head, num_heads=tree.max_depth).float()
+    head_logits = mm.heads(hidden, lm_head=mm.draft_lm_head, num_heads=tree.max_depth).float()
     top_k = tree.top_k
     top_logits, top_tokens = head_logits.topk(top_k, dim=-1)
     if not with_probs:

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from decoding import DecodingError, load_model
-from decoding.heads import HeadsConfig, MedusaHeads
+from decoding.heads import HeadsConfig, MedusaHeads, TransposedLinear
 
 NUM_HEADS = 5  # the published v0.1 config says 2; the weights say 5, and the weights win
 
@@ -131,3 +131,10 @@ def test_unknown_model_is_refused():
         load_model("/no/such/model/dir")
     with pytest.raises(DecodingError, match="could not fetch"):
         load_model("no-such-owner/no-such-model")  # offline here: the hub cannot be reached
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_transposed_draft_projection_is_the_same_product(bias):
+    linear = torch.nn.Linear(16, 50, bias=bias)
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(TransposedLinear(linear)(x), linear(x))
