@@ -41,6 +41,8 @@ from decoding.corpus import DOC_SEPARATOR, build_corpus
 from decoding.errors import DecodingError
 
 CHECKPOINT_DIR = "checkpoint"
+BEST_DIR = "best"
+SAVE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 CHECKPOINT_FILE = "state.pt"
 LOG_FILE = "training_log.json"
 CURVE_FILE = "loss_curve.png"
@@ -85,6 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "where two threads stall each other at every barrier")
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
                         help="bf16 autocast on CPU")
+    parser.add_argument("--save-dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="dtype of the saved weights; bfloat16 halves the files, and the engine "
+                             "loads them as float32 on a CPU either way")
     parser.add_argument("--resume", action="store_true",
                         help="continue from OUT/checkpoint (same flags as the original run)")
 
@@ -301,6 +306,8 @@ def run(args: argparse.Namespace) -> int:
         log["train_curve"] = resume_state["log"]["train_curve"]
         log["heldout_curve"] = resume_state["log"]["heldout_curve"]
         log["resumed_from_steps"] = resume_state["log"].get("resumed_from_steps", []) + [step]
+        if "best" in resume_state["log"]:
+            log["best"] = resume_state["log"]["best"]
 
     print(f"params {params:,}  train tokens {len(train_ids):,}  held-out tokens {len(heldout_ids):,}"
           f"  tokens/step {tokens_per_step:,}  starting at step {step}")
@@ -324,10 +331,22 @@ def run(args: argparse.Namespace) -> int:
             "log": log,
         })
 
+    def save_model(directory: Path) -> None:
+        dtype = SAVE_DTYPES[args.save_dtype]
+        # A converted copy: the training weights themselves stay float32.
+        state = {name: tensor.to(dtype) for name, tensor in model.state_dict().items()}
+        model.save_pretrained(directory, state_dict=state)
+        tokenizer.save_pretrained(directory)
+
     def evaluate() -> None:
         loss = heldout_loss(model, heldout_ids, args)
         log["heldout_curve"].append({"step": step, "tokens": step * tokens_per_step, "loss": loss})
         tqdm.write(f"step {step}: held-out loss {loss:.4f}")
+        # A small corpus is memorised before the schedule ends; the best held-out point is kept
+        # in OUT/best so it can be chosen over the final weights.
+        if loss < log.get("best", {}).get("heldout_loss", float("inf")):
+            log["best"] = {"step": step, "tokens": step * tokens_per_step, "heldout_loss": loss}
+            save_model(out / BEST_DIR)
 
     model.train()
     bar = tqdm(total=max_steps, initial=step, unit="step", dynamic_ncols=True, mininterval=2.0)
@@ -375,8 +394,7 @@ def run(args: argparse.Namespace) -> int:
         "final_train_loss": log["train_curve"][-1]["loss"] if log["train_curve"] else None,
         "final_heldout_loss": log["heldout_curve"][-1]["loss"],
     })
-    model.save_pretrained(out)  # fp32 safetensors
-    tokenizer.save_pretrained(out)
+    save_model(out)
     (out / LOG_FILE).write_text(json.dumps(log, indent=1) + "\n", encoding="utf-8")
     plot_curve(log, out / CURVE_FILE)
     print(f"saved to {out}: {step} steps, {log['tokens_seen']:,} tokens, "

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from decoding import train_base
 from decoding.corpus import (DOC_SEPARATOR, STDLIB_HELDOUT_EVERY, book_to_documents, build_corpus,
@@ -163,3 +164,21 @@ def test_user_errors_are_reported(tmp_path: Path) -> None:
         train_base.run(tiny_args(tmp_path, "--max-steps", "5", "--resume"))
     with pytest.raises(DecodingError, match="--corpus"):
         build_corpus(str(tmp_path / "missing.txt"))
+
+
+def test_best_heldout_weights_are_kept_and_bf16_saving_leaves_training_in_fp32(tmp_path: Path) -> None:
+    args = tiny_args(tmp_path, "--max-steps", "30", "--eval-every", "5", "--save-dtype", "bfloat16")
+    assert train_base.run(args) == 0
+    out = tmp_path / "model"
+    log = json.loads((out / "training_log.json").read_text())
+    best = min(log["heldout_curve"], key=lambda point: point["loss"])
+    assert log["best"]["step"] == best["step"] and log["best"]["heldout_loss"] == best["loss"]
+
+    final = load_file(str(out / "model.safetensors"))
+    assert {t.dtype for t in final.values()} == {torch.bfloat16}
+    assert {t.dtype for t in load_file(str(out / "best" / "model.safetensors")).values()} == {torch.bfloat16}
+    trained = torch.load(out / "checkpoint" / "state.pt", weights_only=False)["model"]
+    name = "model.layers.0.mlp.down_proj.weight"
+    assert trained[name].dtype == torch.float32
+    assert not torch.equal(trained[name], trained[name].to(torch.bfloat16).float())  # never rounded
+    assert torch.equal(final[name], trained[name].to(torch.bfloat16))
