@@ -36,10 +36,19 @@ def read_prompts(path: Path) -> list[str]:
     return prompts
 
 
-def example_prompts(model: str) -> list[str]:
-    """The example prompts shipped for embedded model `model`; none if it has no file."""
+def shipped_prompts(name: str) -> list[str]:
+    """`assets/prompts/<name>.json` or `.txt`; none if neither exists.
+
+    `<model>` holds an embedded model's examples for the app; `bench_<model>` more prompts of the
+    same kind, for benchmarks. None of them occurs in the model's training text.
+    """
     for suffix in (".json", ".txt"):
-        path = PROMPTS_DIR / f"{model}{suffix}"
+        path = PROMPTS_DIR / f"{name}{suffix}"
         if path.is_file():
             return read_prompts(path)
     return []
+
+
+def example_prompts(model: str) -> list[str]:
+    """The example prompts shipped for embedded model `model`."""
+    return shipped_prompts(model)
