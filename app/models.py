@@ -13,7 +13,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from decoding import MODEL_REGISTRY, DecodeSettings, DecodingError, MedusaModel, available_models, generate, load_model
+from decoding import (MODEL_REGISTRY, DecodeSettings, DecodingError, MedusaModel, available_models,
+                      embedded_model_title, embedded_models, generate, load_model)
 from decoding.tiny import make_tiny_model_dir
 
 from .gpu import ON_ZERO_GPU
@@ -37,6 +38,8 @@ def model_choices() -> list[tuple[str, str]]:
 def describe(name: str) -> str:
     if name == TINY:
         return "tiny random model (no trained model yet: gibberish, but every view works)"
+    if name in embedded_models():
+        return embedded_model_title(name)
     entry = MODEL_REGISTRY.get(name)
     return f"{name} — {entry.description}" if entry else name
 

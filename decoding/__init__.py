@@ -8,7 +8,7 @@
 
 from .errors import DecodingError
 from .generate import autoregressive_decode, generate, medusa_decode, stream
-from .loading import MedusaModel, available_models, embedded_models, load_model
+from .loading import MedusaModel, available_models, embedded_model_title, embedded_models, load_model
 from .registry import MODEL_REGISTRY, RegistryEntry
 from .settings import DecodeSettings
 from .trace import RoundTrace, RunSettings, RunTrace, TreeTrace
@@ -17,6 +17,6 @@ from .tree import TREE_PRESETS, Tree, tree_trace
 __all__ = [
     "DecodingError", "DecodeSettings", "MedusaModel", "MODEL_REGISTRY", "RegistryEntry",
     "RoundTrace", "RunSettings", "RunTrace", "TREE_PRESETS", "Tree", "TreeTrace",
-    "autoregressive_decode", "available_models", "embedded_models", "generate", "load_model",
-    "medusa_decode", "stream", "tree_trace",
+    "autoregressive_decode", "available_models", "embedded_model_title", "embedded_models", "generate",
+    "load_model", "medusa_decode", "stream", "tree_trace",
 ]

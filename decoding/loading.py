@@ -129,6 +129,16 @@ def embedded_models() -> list[str]:
     return sorted(names, key=lambda name: name != DEFAULT_MODEL)
 
 
+def embedded_model_title(name: str) -> str:
+    """The title of an embedded model's card (its first `# ` heading), or the bare name."""
+    card = EMBEDDED_MODELS_DIR / name / "README.md"
+    if card.is_file():
+        for line in card.read_text(encoding="utf-8").splitlines():
+            if line.startswith("# "):
+                return line[2:].strip()
+    return name
+
+
 def available_models() -> list[str]:
     """Embedded models first; the registry's published models only where there is a GPU."""
     names = embedded_models()

@@ -8,6 +8,7 @@ import json
 import pytest
 from gradio_client import Client
 
+from app.models import describe
 from app.screenshots import free_port
 from app.ui import (DEFAULT_PROMPTS, build_demo, cache, decode_settings, example_rows, format_choices,
                     launch_options, switch_model)
@@ -142,3 +143,8 @@ def test_each_example_prompt_comes_with_its_model():
 
 def test_without_shipped_examples_the_first_model_gets_default_prompts():
     assert example_rows(["/nowhere"]) == [[prompt, "/nowhere"] for prompt in DEFAULT_PROMPTS]
+
+
+def test_the_model_menu_names_each_embedded_model_by_its_card():
+    assert describe("austen") == "austen: a 6.9M-parameter Llama trained from scratch on Jane Austen"
+    assert describe("/some/local/dir") == "/some/local/dir"
