@@ -19,6 +19,7 @@ Training is built for a shared 2-core CPU with a wall-clock budget:
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -332,10 +333,9 @@ def run(args: argparse.Namespace) -> int:
         })
 
     def save_model(directory: Path) -> None:
-        dtype = SAVE_DTYPES[args.save_dtype]
-        # A converted copy: the training weights themselves stay float32.
-        state = {name: tensor.to(dtype) for name, tensor in model.state_dict().items()}
-        model.save_pretrained(directory, state_dict=state)
+        # A converted copy: the training weights themselves stay float32. Copying the module
+        # (not just its tensors) keeps the tied embeddings tied, so they are saved once.
+        copy.deepcopy(model).to(SAVE_DTYPES[args.save_dtype]).save_pretrained(directory)
         tokenizer.save_pretrained(directory)
 
     def evaluate() -> None:

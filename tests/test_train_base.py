@@ -176,6 +176,7 @@ def test_best_heldout_weights_are_kept_and_bf16_saving_leaves_training_in_fp32(t
 
     final = load_file(str(out / "model.safetensors"))
     assert {t.dtype for t in final.values()} == {torch.bfloat16}
+    assert "lm_head.weight" not in final  # tied to the input embeddings: stored once
     assert {t.dtype for t in load_file(str(out / "best" / "model.safetensors")).values()} == {torch.bfloat16}
     trained = torch.load(out / "checkpoint" / "state.pt", weights_only=False)["model"]
     name = "model.layers.0.mlp.down_proj.weight"
