@@ -493,8 +493,8 @@ def build_demo() -> gr.Blocks:
 
         with gr.Sidebar(label="Decoding settings", open=True, width=330):
             gr.Markdown("### Decoding settings")
-            model_dd = gr.Dropdown(choices, value=default, label="Model")
-            model_md = gr.Markdown(model_card(model))
+            model_dd = gr.Dropdown(choices, value=default, label="Model", elem_id="model-dropdown")
+            model_md = gr.Markdown(model_card(model), elem_id="model-card")
             acceptance = gr.Radio([("greedy (output unchanged)", "greedy"), ("typical acceptance", "typical"),
                                    ("lossless sampling", "sample")], value="greedy", label="Acceptance")
             temperature = gr.Slider(0.05, 2.0, value=0.7, step=0.05, label="Temperature", visible=False)

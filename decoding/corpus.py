@@ -205,7 +205,7 @@ def build_corpus(
         path = Path(source)
         files = sorted(path.glob("**/*.txt")) if path.is_dir() else [path]
         if not files or not all(f.is_file() for f in files):
-            raise DecodingError(f"--corpus {source}: not 'austen', a .txt file or a folder of them")
+            raise DecodingError(f"--corpus {source}: not 'austen', 'stdlib', a .txt file or a folder of them")
         books = [f.read_text(encoding="utf-8").splitlines() for f in files]
     train_docs: list[list[str]] = []
     heldout_docs: list[list[str]] = []

@@ -22,8 +22,8 @@ from functools import cached_property
 from pathlib import Path
 
 import torch
-from torch import nn
 from safetensors import safe_open
+from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from .errors import DecodingError

@@ -70,12 +70,11 @@ def draft(
 
     Head k's guesses are for the token k+1 places after the position whose hidden state this is,
     i.e. k places after the root token the base model has just chosen. A tree of depth d reads
-    heads 1..d only, and k is the deepest rank it uses, so nothing else is computed. The
+    heads 1..d only, and k is one more than the largest rank it reads: nothing else is computed. The
     probabilities are only for showing; decoding needs the ranking alone.
     """
     head_logits = mm.heads(hidden, lm_head=mm.draft_lm_head, num_heads=tree.max_depth).float()
-    top_k = tree.top_k
-    top_logits, top_tokens = head_logits.topk(top_k, dim=-1)
+    top_logits, top_tokens = head_logits.topk(tree.top_k, dim=-1)
     if not with_probs:
         return top_tokens, None
     return top_tokens, torch.exp(top_logits - head_logits.logsumexp(dim=-1, keepdim=True))

@@ -17,6 +17,8 @@ from app.screenshots import (
     CHROMIUM, browser_page, open_tab, plot_title, plot_traces, run_prompt, run_race, running_app, shoot,
     walk_to_step,
 )
+from decoding import embedded_models
+from decoding.prompts import example_prompts
 from decoding.tiny import make_tiny_model_dir
 
 sync_api = pytest.importorskip("playwright.sync_api")
@@ -116,3 +118,18 @@ def test_empty_prompt_shows_an_error_and_the_app_keeps_running(page):
     page.click("#run-button")
     page.get_by_text("the prompt is empty").first.wait_for(timeout=15_000)
     run_prompt(page, "Mr. Darcy")  # still answers
+
+
+@pytest.mark.skipif("stdlib" not in embedded_models(), reason="the embedded code model is not in assets/")
+def test_a_code_example_switches_to_the_code_model_and_runs(page):
+    """Each example prompt comes with the model it was written for: picking one picks both."""
+    open_tab(page, "Playground")
+    prompt = example_prompts("stdlib")[0]
+    page.get_by_text(prompt.splitlines()[0]).first.click()
+    page.wait_for_function(
+        "document.querySelector('#model-dropdown input')?.value.startsWith('stdlib')", timeout=60_000)
+    assert page.locator("#prompt textarea").input_value() == prompt
+    page.wait_for_function(
+        "document.querySelector('#model-card')?.innerText.startsWith('stdlib')", timeout=60_000)
+    run_prompt(page)
+    assert page.locator("#stream-box .tok").count() >= 8
