@@ -35,6 +35,8 @@ from transformers import (
     GenerationConfig,
     LlamaConfig,
     LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
 )
 
@@ -93,6 +95,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "loads them as float32 on a CPU either way")
     parser.add_argument("--resume", action="store_true",
                         help="continue from OUT/checkpoint (same flags as the original run)")
+
+
+def save_model_as(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: Path,
+                  dtype: str) -> None:
+    """Save model and tokenizer with the weights in `dtype` ("float32" or "bfloat16").
+
+    A converted copy: the model itself keeps its dtype, so training can go on in float32.
+    Copying the module (not just its tensors) keeps tied embeddings tied: they are saved once.
+    """
+    copy.deepcopy(model).to(SAVE_DTYPES[dtype]).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -333,10 +346,7 @@ def run(args: argparse.Namespace) -> int:
         })
 
     def save_model(directory: Path) -> None:
-        # A converted copy: the training weights themselves stay float32. Copying the module
-        # (not just its tensors) keeps the tied embeddings tied, so they are saved once.
-        copy.deepcopy(model).to(SAVE_DTYPES[args.save_dtype]).save_pretrained(directory)
-        tokenizer.save_pretrained(directory)
+        save_model_as(model, tokenizer, directory, args.save_dtype)
 
     def evaluate() -> None:
         loss = heldout_loss(model, heldout_ids, args)

@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +50,12 @@ from .heads import HeadsConfig, MedusaHeads
 from .loading import resolve_device, resolve_dtype
 from .optimal_tree import expected_tokens_per_pass, optimal_choices
 from .prompts import read_prompts
+from .train_base import SAVE_DTYPES, save_model_as
 
 IGNORE_INDEX = -100  # F.cross_entropy skips targets with this value
 # Not "checkpoint": heads may be trained into a base model's run folder, where train-base keeps its own.
 CHECKPOINT_DIR = "heads_checkpoint"
+TUNED_BASE_DIR = "base"  # Medusa-2's fine-tuned base model, beside its heads
 STATE_FILE = "state.pt"
 DATA_FILE = "data.json"
 V01_WEIGHTS = "medusa_lm_head.safetensors"
@@ -325,6 +328,51 @@ def _train_step(
     return total
 
 
+def _joint_train_step(
+    model: PreTrainedModel,
+    heads: MedusaHeads,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    loss_decay: float,
+    bf16: bool,
+    heads_weight: float = 0.2,
+) -> float:
+    """Medusa-2: the base model's own next-token loss plus the heads', backpropagated into both.
+
+    The sequences are the base model's own continuations, so its next-token loss pulls it
+    towards what it already wrote: it keeps its behaviour while its last hidden state learns to
+    say more about the tokens after the next, which is what the heads read. The heads' summed
+    loss is many times the base's, so it is scaled by `heads_weight` lest it drag the base
+    model away from its own predictions.
+    """
+    with _autocast(ids.device, bf16):
+        out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
+    targets = ids[:, 1:].masked_fill(mask[:, 1:] == 0, IGNORE_INDEX)
+    loss = F.cross_entropy(out.logits[:, :-1].float().flatten(0, 1), targets.flatten(),
+                           ignore_index=IGNORE_INDEX)
+    hidden = out.hidden_states[-1].float()
+    for k, logits, head_targets_k in _each_head(heads, hidden, ids, mask, bf16, model.get_output_embeddings()):
+        loss = loss + heads_weight * loss_decay ** (k - 1) * F.cross_entropy(logits, head_targets_k)
+    loss.backward()
+    return loss.item()
+
+
+@torch.no_grad()
+def next_token_loss(model: PreTrainedModel, token_sequences: Sequence[Sequence[int]], batch_size: int = 8) -> float:
+    """The base model's mean next-token cross-entropy on `token_sequences`."""
+    device = _model_device(model)
+    total, count = 0.0, 0
+    for start in range(0, len(token_sequences), batch_size):
+        ids, mask = pad_batch(token_sequences[start : start + batch_size], pad_id=0)
+        ids, mask = ids.to(device), mask.to(device)
+        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1].float()
+        targets = ids[:, 1:].masked_fill(mask[:, 1:] == 0, IGNORE_INDEX)
+        total += F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX,
+                                 reduction="sum").item()
+        count += int((targets != IGNORE_INDEX).sum())
+    return total / max(count, 1)
+
+
 def _save_state(path: Path, state: dict[str, Any]) -> None:
     """Write atomically, so a kill during the save never spoils the previous checkpoint."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -353,26 +401,41 @@ def fit_heads(
     save_every: int = 200,
     resume: bool = False,
     progress: bool = True,
+    init_heads: MedusaHeads | None = None,
+    base_lr: float = 0.0,
+    joint_heads_weight: float = 0.2,
 ) -> TrainingRun:
-    """Train fresh heads on `token_sequences`; the run's statistics come with them.
+    """Train heads on `token_sequences`; the run's statistics come with them.
 
     `steps` defaults to `epochs` passes over the sequences. With `checkpoint` (a file path) the
     state is saved every `save_every` steps and at the end; `resume=True` continues from it
-    when there is one.
+    when there is one. Heads start fresh, or from `init_heads`. With `base_lr` > 0 the base
+    model is trained too, at that learning rate (Medusa-2); otherwise it stays frozen.
     """
     if len(token_sequences) == 0:
         raise DecodingError("no training sequences")
     device = _model_device(model)
     bf16 = device.type == "cuda" if bf16 is None else bf16
     steps = steps or max(1, math.ceil(epochs * len(token_sequences) / batch_size))
-    # Frozen base: no gradient may reach it, not even through a shared lm_head (tied embeddings).
-    model.eval().requires_grad_(False)
-    heads = new_heads(model, num_heads, num_layers, shared_lm_head)
-    optimizer = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=weight_decay)
+    joint = base_lr > 0
+    # Medusa-1 freezes the base: no gradient may reach it, not even through a shared lm_head
+    # (tied embeddings). Dropout stays off either way (eval mode): the heads see the states
+    # decoding will give them.
+    model.eval().requires_grad_(joint)
+    heads = init_heads or new_heads(model, num_heads, num_layers, shared_lm_head)
+    groups = [{"params": list(heads.parameters()), "lr": lr}]
+    if joint:
+        groups.append({"params": list(model.parameters()), "lr": base_lr})
+    trained = [param for group in groups for param in group["params"]]
+    optimizer = torch.optim.AdamW(groups, weight_decay=weight_decay)
     scheduler = get_cosine_schedule_with_warmup(optimizer, round(0.1 * steps), steps)
     run = TrainingRun(heads=heads, steps=0, tokens=0)
+    if joint:
+        train_step = partial(_joint_train_step, heads_weight=joint_heads_weight)
+    else:
+        train_step = _train_step
     if resume and checkpoint is not None and checkpoint.exists():
-        _restore(run, optimizer, scheduler, checkpoint, steps)
+        _restore(run, optimizer, scheduler, checkpoint, steps, model if joint else None)
     else:  # a fresh start (also a resume killed before its first save)
         check_lm_head_reads(model, *_training_batch(token_sequences, 0, batch_size, seed, device))
 
@@ -388,6 +451,7 @@ def fit_heads(
                 "tokens": run.tokens,
                 "losses": run.losses,
                 "wall_time_s": run.wall_time_s,
+                **({"base": model.state_dict()} if joint else {}),
             })
 
     heads.train()
@@ -395,8 +459,8 @@ def fit_heads(
     bar = tqdm(total=steps, initial=run.steps, unit="step", disable=not progress, mininterval=1.0)
     while run.steps < steps:
         ids, mask = _training_batch(token_sequences, run.steps, batch_size, seed, device)
-        loss = _train_step(model, heads, ids, mask, loss_decay, bf16)
-        torch.nn.utils.clip_grad_norm_(heads.parameters(), max_grad_norm)
+        loss = train_step(model, heads, ids, mask, loss_decay, bf16)
+        torch.nn.utils.clip_grad_norm_(trained, max_grad_norm)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
@@ -412,6 +476,7 @@ def fit_heads(
     bar.close()
     save()
     heads.eval()
+    model.requires_grad_(False)
     return run
 
 
@@ -421,7 +486,9 @@ def _restore(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     checkpoint: Path,
     steps: int,
+    model: PreTrainedModel | None = None,
 ) -> None:
+    """Continue a run from its checkpoint; `model` too when the run trains the base (Medusa-2)."""
     state = torch.load(checkpoint, weights_only=True, map_location="cpu")
     if state["heads_config"] != asdict(run.heads.config) or state["total_steps"] != steps:
         raise DecodingError(
@@ -429,6 +496,8 @@ def _restore(
             "original run's flags"
         )
     run.heads.load_state_dict(state["heads"])
+    if model is not None:
+        model.load_state_dict(state["base"])
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     run.steps, run.tokens = state["step"], state["tokens"]
@@ -627,6 +696,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="head k's loss weight is this^(k-1)")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--save-every", type=int, default=200, help="steps between checkpoints")
+    train.add_argument("--init-heads", type=Path, default=None,
+                       help="start from heads saved by an earlier run instead of fresh ones")
+    train.add_argument("--joint-lr", type=float, default=0.0,
+                       help="Medusa-2: also train the base model, at this learning rate, on its "
+                            "next-token loss plus the heads'; the tuned base goes to OUT/base")
+    train.add_argument("--joint-heads-weight", type=float, default=0.2,
+                       help="with --joint-lr: the heads' loss is scaled by this in the joint loss, "
+                            "so it does not drown the base model's own")
+    train.add_argument("--save-dtype", choices=sorted(SAVE_DTYPES), default="float32",
+                       help="dtype of the tuned base's saved weights (with --joint-lr)")
     train.add_argument("--resume", action="store_true",
                        help="continue from OUT/heads_checkpoint on the same data "
                             "(give the original run's flags)")
@@ -807,20 +886,35 @@ def _run(args: argparse.Namespace) -> int:
         return evaluate_heads(model, heads, data["heldout"], args.top_k, args.batch_size,
                               args.loss_decay, bf16)
 
+    init_heads = None
+    if args.init_heads is not None:
+        init_heads, _ = MedusaHeads.load(args.init_heads)
+        wanted = (args.num_heads, args.num_layers, args.shared_lm_head)
+        found = (init_heads.num_heads, init_heads.config.num_layers, init_heads.config.shared_lm_head)
+        if found != wanted:
+            raise DecodingError(f"--init-heads {args.init_heads}: heads/layers/shared are {found}, "
+                                f"the flags say {wanted}")
+        init_heads.to(device)
     before = evaluate(new_heads(model, args.num_heads, args.num_layers, args.shared_lm_head))
+    base_loss_before = next_token_loss(model, data["heldout"], args.batch_size) if args.joint_lr else None
     run = fit_heads(
         model, data["train"], num_heads=args.num_heads, num_layers=args.num_layers,
         shared_lm_head=args.shared_lm_head,
         steps=args.steps, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
         weight_decay=args.weight_decay, loss_decay=args.loss_decay, seed=args.seed, bf16=bf16,
         checkpoint=args.out / CHECKPOINT_DIR / STATE_FILE, save_every=args.save_every,
-        resume=args.resume,
+        resume=args.resume, init_heads=init_heads, base_lr=args.joint_lr,
+        joint_heads_weight=args.joint_heads_weight,
     )
     after = evaluate(run.heads)
+    base_model = args.model
+    if args.joint_lr:
+        base_model = str(args.out / TUNED_BASE_DIR)
+        save_model_as(model, tokenizer, args.out / TUNED_BASE_DIR, args.save_dtype)
     trees, expected = build_trees(after.accuracy, args.tree_nodes)
     default = f"optimal-{args.default_tree_nodes or max(args.tree_nodes)}"
     extra = {
-        "base_model": args.model,
+        "base_model": base_model,
         "accuracy": after.accuracy,
         "trees": trees,
         "expected_tokens_per_pass": expected,
@@ -838,6 +932,9 @@ def _run(args: argparse.Namespace) -> int:
             "heldout_top1": [round(a, 4) for a in after.top1],
             "heldout_top5": [round(a, 4) for a in after.top5],
             "heldout_top1_untrained": [round(a, 4) for a in before.top1],
+            **({"base_next_token_loss": {"before": round(base_loss_before, 4),
+                                         "after": round(next_token_loss(model, data["heldout"], args.batch_size), 4)}}
+               if args.joint_lr else {}),
             "heldout_top5_untrained": [round(a, 4) for a in before.top5],
             "training_wall_time_s": round(run.wall_time_s, 1),
             "training_tokens_per_s": round(run.tokens / max(run.wall_time_s, 1e-9), 1),
@@ -851,6 +948,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.also_v01:
         save_v01(run.heads, args.out / V01_DIR, args.model)
     _print_report(before, after, expected)
+    if args.joint_lr:
+        losses = extra["training"]["base_next_token_loss"]
+        print(f"base model's next-token loss on the held-out sequences: {losses['before']:.4f} -> "
+              f"{losses['after']:.4f}; tuned base saved to {base_model}")
     print(f"saved heads to {args.out} (default tree {default}); {run.steps} steps, "
           f"{run.tokens:,} tokens, {extra['training']['wall_time_s']:.0f} s")
     return 0

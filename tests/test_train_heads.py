@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -283,3 +284,33 @@ def test_cli_refuses_bad_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str
     args = cli_parser().parse_args(["--model", "x", "--out", str(tmp_path)])
     assert th.run(args) == 2
     assert "--data" in capsys.readouterr().err
+
+
+def test_medusa2_tunes_the_base_with_the_heads_and_decodes_losslessly(
+    cli_run: tuple[Path, Path, list[str]], tmp_path: Path
+) -> None:
+    """--joint-lr trains base and heads together from the Medusa-1 heads; the tuned base is saved."""
+    model_dir, medusa1, argv = cli_run
+    out = tmp_path / "medusa2"
+    (out / th.CHECKPOINT_DIR).mkdir(parents=True)
+    shutil.copy(medusa1 / th.CHECKPOINT_DIR / th.DATA_FILE, out / th.CHECKPOINT_DIR)  # same data
+    joint = [a for a in argv if a != "--also-v01"]
+    joint[joint.index("--out") + 1] = str(out)
+    joint += ["--resume", "--init-heads", str(medusa1), "--joint-lr", "1e-3", "--save-dtype", "bfloat16"]
+    assert th.run(cli_parser().parse_args(joint)) == 0
+
+    heads, meta = MedusaHeads.load(out)
+    tuned = out / th.TUNED_BASE_DIR
+    assert meta["base_model"] == str(tuned)
+    losses = meta["training"]["base_next_token_loss"]
+    assert losses["after"] < losses["before"]  # on its own continuations it only gets surer
+    assert meta["training"]["heldout_loss"] < MedusaHeads.load(medusa1)[1]["training"]["heldout_loss"]
+    original, weights = load_file(str(model_dir / "model.safetensors")), load_file(str(tuned / "model.safetensors"))
+    assert weights["model.norm.weight"].dtype == torch.bfloat16
+    assert not torch.equal(weights["model.norm.weight"].float(), original["model.norm.weight"].float())
+
+    mm = load_model(str(tuned), heads=str(out), device="cpu", dtype="float32")
+    for prompt in ("It is a truth", "Emma Woodhouse, handsome"):
+        medusa = generate(mm, prompt, DecodeSettings(max_new_tokens=24))
+        plain = generate(mm, prompt, DecodeSettings(method="ar", max_new_tokens=24))
+        assert medusa.tokens == plain.tokens
