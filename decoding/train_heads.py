@@ -335,7 +335,7 @@ def _joint_train_step(
     mask: torch.Tensor,
     loss_decay: float,
     bf16: bool,
-    heads_weight: float = 0.2,
+    heads_weight: float,
 ) -> float:
     """Medusa-2: the base model's own next-token loss plus the heads', backpropagated into both.
 
