@@ -171,6 +171,20 @@ def _training_batch(
     return ids.to(device), mask.to(device)
 
 
+def _in_batches(
+    token_sequences: Sequence[Sequence[int]], batch_size: int, device: torch.device
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The sequences in order, padded into (ids, mask) batches on `device`: for evaluation."""
+    for start in range(0, len(token_sequences), batch_size):
+        ids, mask = pad_batch(token_sequences[start : start + batch_size], pad_id=0)
+        yield ids.to(device), mask.to(device)
+
+
+def _next_token_targets(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """What the base model's logits at each position should predict; padding is ignored."""
+    return ids[:, 1:].masked_fill(mask[:, 1:] == 0, IGNORE_INDEX)
+
+
 def _autocast(device: torch.device, bf16: bool) -> torch.autocast:
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16)
 
@@ -257,9 +271,7 @@ def evaluate_heads(
     k_max = heads.num_heads
     loss_sums, counts = [0.0] * k_max, [0] * k_max
     rank_hits = torch.zeros((k_max, top_k), dtype=torch.long)
-    for start in range(0, len(token_sequences), batch_size):
-        ids, mask = pad_batch(token_sequences[start : start + batch_size], pad_id=0)
-        ids, mask = ids.to(device), mask.to(device)
+    for ids, mask in _in_batches(token_sequences, batch_size, device):
         with _autocast(device, bf16):
             hidden = last_hidden_states(model, ids, mask).float()
         for k, logits, targets in _each_head(heads, hidden, ids, mask, bf16, model.get_output_embeddings()):
@@ -347,7 +359,7 @@ def _joint_train_step(
     """
     with _autocast(ids.device, bf16):
         out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
-    targets = ids[:, 1:].masked_fill(mask[:, 1:] == 0, IGNORE_INDEX)
+    targets = _next_token_targets(ids, mask)
     loss = F.cross_entropy(out.logits[:, :-1].float().flatten(0, 1), targets.flatten(),
                            ignore_index=IGNORE_INDEX)
     hidden = out.hidden_states[-1].float()
@@ -360,13 +372,10 @@ def _joint_train_step(
 @torch.no_grad()
 def next_token_loss(model: PreTrainedModel, token_sequences: Sequence[Sequence[int]], batch_size: int = 8) -> float:
     """The base model's mean next-token cross-entropy on `token_sequences`."""
-    device = _model_device(model)
     total, count = 0.0, 0
-    for start in range(0, len(token_sequences), batch_size):
-        ids, mask = pad_batch(token_sequences[start : start + batch_size], pad_id=0)
-        ids, mask = ids.to(device), mask.to(device)
+    for ids, mask in _in_batches(token_sequences, batch_size, _model_device(model)):
         logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1].float()
-        targets = ids[:, 1:].masked_fill(mask[:, 1:] == 0, IGNORE_INDEX)
+        targets = _next_token_targets(ids, mask)
         total += F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX,
                                  reduction="sum").item()
         count += int((targets != IGNORE_INDEX).sum())
