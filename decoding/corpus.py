@@ -9,6 +9,9 @@ A narrow, coherent prose corpus is deliberate: a ~7M-parameter model trained
 for an hour on CPU can learn one author's style well enough to write readable
 sentences, whereas a broad mix stays unreadable (design.md section 6).
 
+The second corpus, ``stdlib``, is code: the running Python's standard library,
+one document per module, with whole modules held out (see ``build_stdlib_corpus``).
+
 Documents (chapters) are joined with ``DOC_SEPARATOR``, which the tokenizer
 treats as its single special token (BOS/EOS), so the model sees document
 boundaries. The held-out split is the *tail* of every book (by position), so
