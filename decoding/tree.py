@@ -159,7 +159,7 @@ class Tree:
         g.add_edges_from((p, c) for c, p in enumerate(self.parents) if p >= 0)
         return g
 
-    @property
+    @cached_property
     def max_depth(self) -> int:
         return max(self.depths)
 
