@@ -25,6 +25,7 @@ import random
 import shlex
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -48,7 +49,13 @@ from transformers import (
 from .errors import DecodingError
 from .heads import HeadsConfig, MedusaHeads
 from .loading import resolve_device, resolve_dtype
-from .optimal_tree import expected_tokens_per_pass, optimal_choices
+from .optimal_tree import (
+    count_paths,
+    expected_tokens_per_pass,
+    joint_optimal_choices,
+    measured_tokens_per_pass,
+    optimal_choices,
+)
 from .prompts import read_prompts
 from .train_base import SAVE_DTYPES, save_model_as
 
@@ -58,6 +65,8 @@ CHECKPOINT_DIR = "heads_checkpoint"
 TUNED_BASE_DIR = "base"  # Medusa-2's fine-tuned base model, beside its heads
 STATE_FILE = "state.pt"
 DATA_FILE = "data.json"
+# In data.json: where each held-out sequence's self-distilled continuation starts (absent for text).
+HELDOUT_STARTS = "heldout_starts"
 V01_WEIGHTS = "medusa_lm_head.safetensors"
 V01_CONFIG = "config.json"
 # The v0.1 files go to a subfolder: their config.json would overwrite a model's own when the heads
@@ -243,6 +252,10 @@ class HeadsEvaluation:
     head_losses: list[float]
     accuracy: list[list[float]]  # accuracy[h][r]: share of positions where head h+1's rank r is right
     positions: list[int]  # how many positions each head was scored on
+    # Paths of ranks exactly right, counted at the positions where every head has a target
+    # (see optimal_tree.count_paths): what the joint trees are grown from.
+    path_counts: Counter[tuple[int, ...]] = field(default_factory=Counter)
+    joint_positions: int = 0
 
     @property
     def top1(self) -> list[float]:
@@ -263,27 +276,50 @@ def evaluate_heads(
     batch_size: int = 8,
     loss_decay: float = 0.8,
     bf16: bool | None = None,
+    starts: Sequence[int] | None = None,
 ) -> HeadsEvaluation:
-    """Loss and per-rank accuracy of every head, the target being defined as in training."""
+    """Loss and per-rank accuracy of every head, the target being defined as in training.
+
+    With `starts` (where each sequence's self-distilled continuation begins), the joint path
+    counts keep only the positions decoding meets: from the prompt's last token on, where the
+    base model's next token and every head's target are the model's own output.
+    """
     device = _model_device(model)
     bf16 = device.type == "cuda" if bf16 is None else bf16
     heads.eval()
     k_max = heads.num_heads
     loss_sums, counts = [0.0] * k_max, [0] * k_max
     rank_hits = torch.zeros((k_max, top_k), dtype=torch.long)
-    for ids, mask in _in_batches(token_sequences, batch_size, device):
+    path_counts: Counter[tuple[int, ...]] = Counter()
+    joint_positions = 0
+    for batch_index, (ids, mask) in enumerate(_in_batches(token_sequences, batch_size, device)):
         with _autocast(device, bf16):
             hidden = last_hidden_states(model, ids, mask).float()
+        # Where the last head has a target, every head has one: those positions give the joint ranks.
+        every_head = head_targets(ids, mask, k_max) != IGNORE_INDEX
+        if starts is not None:
+            batch_starts = torch.tensor(starts[batch_index * batch_size : (batch_index + 1) * batch_size], device=device)
+            positions = torch.arange(ids.shape[1], device=device)
+            every_head &= positions[None, :] >= batch_starts[:, None] - 1
+        joint_ranks = []
         for k, logits, targets in _each_head(heads, hidden, ids, mask, bf16, model.get_output_embeddings()):
             loss_sums[k - 1] += F.cross_entropy(logits, targets, reduction="sum").item()
             counts[k - 1] += len(targets)
             guesses = logits.topk(min(top_k, logits.shape[-1])).indices
-            hits = (guesses == targets[:, None]).sum(0).cpu()
+            found = guesses == targets[:, None]
+            hits = found.sum(0).cpu()
             rank_hits[k - 1, : len(hits)] += hits
+            # The rank of the true token, or top_k where it is not among the guesses.
+            ranks = torch.where(found.any(-1), found.int().argmax(-1), top_k)
+            joint_ranks.append(ranks[every_head[head_targets(ids, mask, k) != IGNORE_INDEX]])
+        if joint_ranks and len(joint_ranks[0]):
+            rows = torch.stack(joint_ranks, dim=1).tolist()
+            path_counts.update(count_paths(rows, top_k))
+            joint_positions += len(rows)
     head_losses = [s / c if c else float("nan") for s, c in zip(loss_sums, counts)]
     accuracy = [[h / c if c else 0.0 for h in row] for row, c in zip(rank_hits.tolist(), counts)]
     loss = sum(loss_decay**i * h for i, h in enumerate(head_losses))
-    return HeadsEvaluation(loss, head_losses, accuracy, counts)
+    return HeadsEvaluation(loss, head_losses, accuracy, counts, path_counts, joint_positions)
 
 
 def measure_head_accuracy(
@@ -425,7 +461,8 @@ def fit_heads(
         raise DecodingError("no training sequences")
     device = _model_device(model)
     bf16 = device.type == "cuda" if bf16 is None else bf16
-    steps = steps or max(1, math.ceil(epochs * len(token_sequences) / batch_size))
+    if steps is None:
+        steps = max(1, math.ceil(epochs * len(token_sequences) / batch_size))
     joint = base_lr > 0
     # Medusa-1 freezes the base: no gradient may reach it, not even through a shared lm_head
     # (tied embeddings). Dropout stays off either way (eval mode): the heads see the states
@@ -580,6 +617,12 @@ def _cut_at_eos(tokens: list[int], eos_ids: Sequence[int]) -> list[int]:
     return tokens
 
 
+@dataclass
+class Distilled:
+    sequences: list[list[int]]  # prompt + the model's own continuation
+    starts: list[int]  # where each continuation starts: its prompt's length
+
+
 @torch.no_grad()
 def self_distill(
     model: PreTrainedModel,
@@ -591,7 +634,7 @@ def self_distill(
     temperature: float = 0.8,
     seed: int = 0,
     progress: bool = True,
-) -> list[list[int]]:
+) -> Distilled:
     """Prompt + the model's own continuation, for every prompt: greedy, then (optionally) sampled.
 
     Prompts are text or token ids. Sampling uses the plain softmax at `temperature` (no top-k),
@@ -603,7 +646,7 @@ def self_distill(
     modes = [False, True] if greedy_and_sampled else [False]
     torch.manual_seed(seed)
     model.eval()
-    out: list[list[int]] = []
+    out = Distilled([], [])
     bar = tqdm(total=len(encoded) * len(modes), unit="seq", desc="self-distill", disable=not progress)
     for start in range(0, len(encoded), batch_size):
         batch = encoded[start : start + batch_size]
@@ -616,7 +659,8 @@ def self_distill(
             ):
                 generated = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device))
             continuations = generated[:, ids.shape[1] :].tolist()
-            out.extend(p + _cut_at_eos(c, eos_ids) for p, c in zip(batch, continuations))
+            out.sequences.extend(p + _cut_at_eos(c, eos_ids) for p, c in zip(batch, continuations))
+            out.starts.extend(len(p) for p in batch)
             bar.update(len(batch))
     bar.close()
     return out
@@ -696,7 +740,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--heldout-fraction", type=float, default=0.05)
 
     train = parser.add_argument_group("training")
-    train.add_argument("--steps", type=int, default=None, help="overrides --epochs")
+    train.add_argument("--steps", type=int, default=None,
+                       help="overrides --epochs; 0 with --init-heads trains nothing and only "
+                            "measures those heads and builds their trees")
     train.add_argument("--epochs", type=float, default=1.0)
     train.add_argument("--lr", type=float, default=1e-3)
     train.add_argument("--batch-size", type=int, default=8)
@@ -725,6 +771,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="node budgets (root excluded) of the optimal trees to build")
     tree.add_argument("--default-tree-nodes", type=int, default=None,
                       help="which budget becomes default_tree (default: the largest)")
+    tree.add_argument("--default-tree-family", choices=("optimal", "joint"), default="optimal",
+                      help="optimal: the paper's tree, from the product of per-head accuracies; "
+                           "joint: from how often each path of guesses was right on the held-out "
+                           "text (best on text like it; on the embedded models' unseen bench "
+                           "prompts it was no better)")
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -752,6 +803,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise DecodingError("give --data text files, or --self-distill with --prompts")
     if args.prompts and not args.self_distill:
         raise DecodingError("--prompts is only used with --self-distill")
+    if args.steps is not None and (args.steps < 0 or (args.steps == 0 and args.init_heads is None)):
+        raise DecodingError("--steps must be positive (or 0 with --init-heads, to measure them)")
     if args.num_heads < 1 or args.num_layers < 1:
         raise DecodingError("--num-heads and --num-layers must be at least 1")
     if not 0.0 < args.heldout_fraction < 1.0:
@@ -825,15 +878,15 @@ def build_data(
     prompts = prompts[: args.max_prompts]
     train_prompts, heldout_prompts = split_heldout(prompts, args.heldout_fraction, args.seed)
     started = time.perf_counter()
-    sequences = {
+    distilled = {
         name: self_distill(model, tokenizer, split, args.max_new_tokens, args.sampled,
                            args.gen_batch_size, args.temperature, args.seed)
         for name, split in (("train", train_prompts), ("heldout", heldout_prompts))
     }
     seconds = time.perf_counter() - started
-    prompt_tokens = sum(len(_encode(tokenizer, p)) for p in prompts) * (2 if args.sampled else 1)
-    generated = sum(len(s) for seqs in sequences.values() for s in seqs) - prompt_tokens
-    return {**sequences, "source": {
+    generated = sum(len(s) - start for d in distilled.values() for s, start in zip(d.sequences, d.starts))
+    return {"train": distilled["train"].sequences, "heldout": distilled["heldout"].sequences,
+            HELDOUT_STARTS: distilled["heldout"].starts, "source": {
         "kind": "self-distill",
         "prompts": len(prompts),
         "greedy_and_sampled": args.sampled,
@@ -861,23 +914,39 @@ def load_or_build_data(
     return data
 
 
-def build_trees(
-    acc: list[list[float]], budgets: Sequence[int]
-) -> tuple[dict[str, list[list[int]]], dict[str, float]]:
-    """The optimal tree for each node budget, and its expected tokens per verify pass."""
-    trees = {f"optimal-{n}": optimal_choices(acc, n) for n in sorted(set(budgets))}
-    expected = {name: round(expected_tokens_per_pass(acc, c), 4) for name, c in trees.items()}
-    return trees, expected
+@dataclass
+class BuiltTrees:
+    trees: dict[str, list[list[int]]]
+    expected: dict[str, float]  # the paper's product rule, for the optimal-N trees
+    measured: dict[str, float]  # tokens per pass on the held-out positions, for every tree
 
 
-def _print_report(before: HeadsEvaluation, after: HeadsEvaluation, expected: dict[str, float]) -> None:
+def build_trees(evaluation: HeadsEvaluation, budgets: Sequence[int]) -> BuiltTrees:
+    """For each node budget, the paper's optimal tree and the joint tree, with their figures."""
+    acc, counts, positions = evaluation.accuracy, evaluation.path_counts, evaluation.joint_positions
+    trees: dict[str, list[list[int]]] = {}
+    for n in sorted(set(budgets)):
+        trees[f"optimal-{n}"] = optimal_choices(acc, n)
+        trees[f"joint-{n}"] = joint_optimal_choices(acc, counts, n)
+    expected = {name: round(expected_tokens_per_pass(acc, c), 4)
+                for name, c in trees.items() if name.startswith("optimal-")}
+    measured = ({name: round(measured_tokens_per_pass(counts, positions, c), 4) for name, c in trees.items()}
+                if positions else {})
+    return BuiltTrees(trees, expected, measured)
+
+
+def _print_report(before: HeadsEvaluation, after: HeadsEvaluation, built: BuiltTrees) -> None:
     print(f"held-out loss: {before.loss:.4f} untrained -> {after.loss:.4f} trained")
     print("head  top-1 (untrained -> trained)   top-5 (untrained -> trained)")
     for h in range(len(after.accuracy)):
         print(f"{h + 1:>4}  {before.top1[h]:.3f} -> {after.top1[h]:.3f}"
               f"                 {before.top5[h]:.3f} -> {after.top5[h]:.3f}")
-    for name, value in expected.items():
-        print(f"{name}: {value:.3f} expected tokens per pass")
+    print(f"tokens per pass: expected by the product rule, and measured on {after.joint_positions:,} "
+          "held-out positions")
+    for name in built.trees:
+        rule = f"product rule {built.expected[name]:.3f}" if name in built.expected else ""
+        measured = f"measured {built.measured[name]:.3f}" if name in built.measured else ""
+        print(f"{name:>12}  {rule:<20}  {measured}")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -893,7 +962,7 @@ def _run(args: argparse.Namespace) -> int:
 
     def evaluate(heads: MedusaHeads) -> HeadsEvaluation:
         return evaluate_heads(model, heads, data["heldout"], args.top_k, args.batch_size,
-                              args.loss_decay, bf16)
+                              args.loss_decay, bf16, data.get(HELDOUT_STARTS))
 
     init_heads = None
     if args.init_heads is not None:
@@ -920,13 +989,14 @@ def _run(args: argparse.Namespace) -> int:
     if args.joint_lr:
         base_model = str(args.out / TUNED_BASE_DIR)
         save_model_as(model, tokenizer, args.out / TUNED_BASE_DIR, args.save_dtype)
-    trees, expected = build_trees(after.accuracy, args.tree_nodes)
-    default = f"optimal-{args.default_tree_nodes or max(args.tree_nodes)}"
+    built = build_trees(after, args.tree_nodes)
+    default = f"{args.default_tree_family}-{args.default_tree_nodes or max(args.tree_nodes)}"
     extra = {
         "base_model": base_model,
         "accuracy": after.accuracy,
-        "trees": trees,
-        "expected_tokens_per_pass": expected,
+        "trees": built.trees,
+        "expected_tokens_per_pass": built.expected,
+        "heldout_tokens_per_pass": built.measured,
         "default_tree": default,
         "training": {
             "steps": run.steps,
@@ -956,7 +1026,7 @@ def _run(args: argparse.Namespace) -> int:
     run.heads.save(args.out, extra=extra)
     if args.also_v01:
         save_v01(run.heads, args.out / V01_DIR, args.model)
-    _print_report(before, after, expected)
+    _print_report(before, after, built)
     if args.joint_lr:
         losses = extra["training"]["base_next_token_loss"]
         print(f"base model's next-token loss on the held-out sequences: {losses['before']:.4f} -> "

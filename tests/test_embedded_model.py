@@ -55,7 +55,7 @@ def test_heads_beat_chance_by_a_wide_margin(embedded):
     """On the model's own continuations of prompts it never trained on (chance is 1/vocabulary)."""
     prompts = shipped_prompts(f"bench_{embedded.name}")[:6]
     sequences = self_distill(embedded.model, embedded.tokenizer, prompts, max_new_tokens=48,
-                             greedy_and_sampled=False, progress=False)
+                             greedy_and_sampled=False, progress=False).sequences
     accuracy = measure_head_accuracy(embedded.model, embedded.heads, sequences, top_k=5)
     top1 = [row[0] for row in accuracy]
     top5 = [sum(row) for row in accuracy]

@@ -10,8 +10,11 @@ from hypothesis import strategies as st
 
 from decoding.errors import DecodingError
 from decoding.optimal_tree import (
+    count_paths,
     expected_tokens_per_pass,
+    joint_optimal_choices,
     max_tree_nodes,
+    measured_tokens_per_pass,
     optimal_choices,
     path_acceptance,
 )
@@ -94,3 +97,69 @@ def test_greedy_trees_nest_are_valid_and_optimal(acc: list[list[float]], data: s
     # No set of n nodes can beat the n best single nodes, so matching that bound proves optimality.
     best = sorted((path_acceptance(acc, p) for p in all_paths(acc)), reverse=True)[:n]
     assert expected_tokens_per_pass(acc, small) == pytest.approx(1 + sum(best))
+
+
+# Two heads, top-3 guesses, ten positions. Each row: the rank at which head 1 and head 2 found
+# their true tokens (3 = not among the guesses). The heads are right *together*: when head 1's
+# second guess is right, so is head 2's. Both heads score 0.4 / 0.3 / 0.3 by rank.
+CORRELATED_ROWS = [(0, 0)] * 4 + [(1, 1)] * 3 + [(2, 2)] * 3
+CORRELATED_ACC = [[0.4, 0.3, 0.3], [0.4, 0.3, 0.3]]
+
+
+def test_count_paths_counts_every_prefix_up_to_the_first_miss() -> None:
+    counts = count_paths([(0, 1, 2), (0, 3, 0), (3, 0, 0), (0, 1, 0)], top_k=3)
+    assert counts == {(0,): 3, (0, 1): 2, (0, 1, 2): 1, (0, 1, 0): 1}
+
+
+def test_joint_tree_follows_paths_that_are_right_together() -> None:
+    counts = count_paths(CORRELATED_ROWS, top_k=3)
+    # Four nodes: both methods agree on [0], [1], [2], [0,0].
+    assert joint_optimal_choices(CORRELATED_ACC, counts, 4) == optimal_choices(CORRELATED_ACC, 4)
+    # The fifth: the product rule takes [0,1] (0.4 * 0.3 = 0.12) though it was never right;
+    # the counts take [1,1] (right 3 times in 10).
+    joint, paper = joint_optimal_choices(CORRELATED_ACC, counts, 5), optimal_choices(CORRELATED_ACC, 5)
+    assert paper == [[0], [1], [2], [0, 0], [0, 1]]
+    assert joint == [[0], [1], [2], [0, 0], [1, 1]]
+    # 1 + (4 + 3 + 3 + 4 + 3) / 10 against 1 + (4 + 3 + 3 + 4 + 0) / 10.
+    assert measured_tokens_per_pass(counts, 10, joint) == pytest.approx(2.7)
+    assert measured_tokens_per_pass(counts, 10, paper) == pytest.approx(2.4)
+
+
+def test_joint_tree_fills_unseen_nodes_by_the_product_rule() -> None:
+    counts = count_paths([(0, 0)], top_k=2)
+    acc = [[0.5, 0.25], [0.5, 0.125]]
+    # Seen: [0], [0,0]. Then unseen by product: [1] 0.25, [0,1] 0.0625, [1,0] 0.125 -> [1], [1,0].
+    assert joint_optimal_choices(acc, counts, 4) == [[0], [1], [0, 0], [1, 0]]
+    with pytest.raises(DecodingError):
+        measured_tokens_per_pass(counts, 0, [[0]])
+
+
+@st.composite
+def rank_rows(draw: st.DrawFn) -> tuple[int, int, list[tuple[int, ...]]]:
+    heads, top_k = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    rank = st.integers(0, top_k)  # top_k itself is a miss
+    rows = draw(st.lists(st.tuples(*[rank] * heads), min_size=1, max_size=30))
+    return heads, top_k, rows
+
+
+@settings(max_examples=150, deadline=None)
+@given(case=rank_rows(), data=st.data())
+def test_joint_trees_nest_are_valid_and_best_for_their_counts(
+    case: tuple[int, int, list[tuple[int, ...]]], data: st.DataObject
+) -> None:
+    heads, top_k, rows = case
+    counts = count_paths(rows, top_k)
+    acc = [[sum(r[h] == k for r in rows) / len(rows) for k in range(top_k)] for h in range(heads)]
+    assume(max_tree_nodes(acc) >= 2)
+    n = data.draw(st.integers(1, max_tree_nodes(acc) - 1), label="n")
+    small, large = joint_optimal_choices(acc, counts, n), joint_optimal_choices(acc, counts, n + 1)
+    assert {tuple(p) for p in small} < {tuple(p) for p in large}
+    Tree.from_choices(small, num_heads=heads)  # raises if a parent is missing
+    # Measured tokens per pass, checked against decoding each row by hand: a position yields 1 +
+    # the depth of the deepest tree node its ranks match.
+    nodes = {tuple(p) for p in small}
+    by_hand = sum(1 + max((d for d in range(1, heads + 1) if r[:d] in nodes), default=0) for r in rows)
+    assert measured_tokens_per_pass(counts, len(rows), small) == pytest.approx(by_hand / len(rows))
+    # No n-node tree beats the n most frequent single paths.
+    best = sorted(counts.values(), reverse=True)[:n]
+    assert measured_tokens_per_pass(counts, len(rows), small) == pytest.approx(1 + sum(best) / len(rows))

@@ -89,7 +89,7 @@ def model(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
 @pytest.fixture(scope="module")
 def sequences(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast) -> list[list[int]]:
     prompts = [" ".join(s.split()[:4]) for s in SENTENCES] + [s.split()[-1] for s in SENTENCES]
-    return th.self_distill(model, tokenizer, prompts, max_new_tokens=32, batch_size=16, progress=False)
+    return th.self_distill(model, tokenizer, prompts, max_new_tokens=32, batch_size=16, progress=False).sequences
 
 
 def test_lm_head_reads_the_last_hidden_state_on_common_architectures() -> None:
@@ -126,8 +126,8 @@ def test_greedy_self_distillation_follows_the_plain_argmax(
         greedy = th.self_distill(model, tokenizer, prompts, 12, greedy_and_sampled=False, progress=False)
     finally:
         model.generation_config.repetition_penalty = None
-    for prompt, seq in zip(prompts, greedy):
-        start = len(tokenizer(prompt)["input_ids"])
+    for prompt, seq, start in zip(prompts, greedy.sequences, greedy.starts, strict=True):
+        assert start == len(tokenizer(prompt)["input_ids"])
         with torch.no_grad():
             argmax = model(torch.tensor([seq])).logits[0].argmax(-1).tolist()
         assert seq[start:] == argmax[start - 1 : len(seq) - 1]
@@ -146,6 +146,23 @@ def test_training_lowers_the_loss_and_raises_accuracy(
         assert after[0] > before[0] + 0.1  # top-1 accuracy of every head rises clearly
         assert sum(after) <= 1.0 + 1e-9  # ranks are exclusive
     assert run.steps == 40 and run.tokens > 40 * 8
+
+
+def test_joint_paths_are_counted_where_decoding_meets_them(
+    model: LlamaForCausalLM, sequences: list[list[int]]
+) -> None:
+    """Joint counts use positions t where every head has a target and t >= start - 1."""
+    heads = th.new_heads(model, num_heads=2)
+    sequences = sequences[:10]
+    everywhere = th.evaluate_heads(model, heads, sequences, top_k=5, batch_size=4)
+    # Every head has a target at t <= len - 2 - K (K = 2): len - 3 positions per sequence.
+    assert everywhere.joint_positions == sum(len(s) - 3 for s in sequences)
+    assert sum(everywhere.path_counts[(r,)] for r in range(5)) <= everywhere.joint_positions
+    starts = [len(s) // 2 for s in sequences]
+    late = th.evaluate_heads(model, heads, sequences, top_k=5, batch_size=4, starts=starts)
+    assert late.joint_positions == sum(len(s) - 2 - 2 - (start - 1) + 1 for s, start in zip(sequences, starts))
+    assert late.accuracy == everywhere.accuracy  # per-head accuracies still use every position
+    assert th.evaluate_heads(model, heads, sequences, top_k=5, starts=[len(s) for s in sequences]).joint_positions == 0
 
 
 def test_shared_lm_head_heads_train_and_stay_small(
@@ -243,10 +260,16 @@ def test_cli_trains_and_saves_heads_trees_and_stats(
     model_dir, out, _ = cli_run
     heads, meta = MedusaHeads.load(out)
     assert heads.num_heads == 3 and meta["base_model"] == str(model_dir)
-    assert set(meta["trees"]) == {"optimal-4", "optimal-8"} and meta["default_tree"] == "optimal-8"
+    assert set(meta["trees"]) == {"optimal-4", "optimal-8", "joint-4", "joint-8"}
+    assert meta["default_tree"] == "optimal-8"
     for name, choices in meta["trees"].items():
         Tree.from_choices(choices, num_heads=3, name=name)
-        assert meta["expected_tokens_per_pass"][name] >= 1.0
+        assert meta["heldout_tokens_per_pass"][name] >= 1.0
+    for n in (4, 8):
+        assert meta["expected_tokens_per_pass"][f"optimal-{n}"] >= 1.0
+        # The joint tree is the best n-node tree for the held-out positions it was grown on.
+        measured = meta["heldout_tokens_per_pass"]
+        assert measured[f"joint-{n}"] >= measured[f"optimal-{n}"]
     assert len(meta["accuracy"]) == 3 and len(meta["accuracy"][0]) == 10
     training = meta["training"]
     assert training["steps"] == 30 and training["data"]["kind"] == "self-distill"
@@ -267,7 +290,7 @@ def test_cli_resume_reuses_data_and_checkpoint(cli_run: tuple[Path, Path, list[s
         assert torch.equal(resumed.state_dict()[key], value)
 
 
-def test_trained_heads_decode_losslessly_with_their_optimal_tree(
+def test_trained_heads_decode_losslessly_with_their_default_tree(
     cli_run: tuple[Path, Path, list[str]]
 ) -> None:
     model_dir, out, _ = cli_run
@@ -278,6 +301,37 @@ def test_trained_heads_decode_losslessly_with_their_optimal_tree(
         plain = generate(mm, prompt, DecodeSettings(method="ar", max_new_tokens=24))
         assert medusa.tokens == plain.tokens
         assert medusa.forward_passes <= plain.forward_passes
+
+
+def test_zero_steps_measures_existing_heads_and_rebuilds_their_trees(
+    cli_run: tuple[Path, Path, list[str]], tmp_path: Path
+) -> None:
+    """--steps 0 --init-heads: same heads, trees grown from a fresh evaluation on the given data."""
+    _, trained, argv = cli_run
+    heads, meta = MedusaHeads.load(trained)
+    out = tmp_path / "measured"
+    (out / th.CHECKPOINT_DIR).mkdir(parents=True)
+    shutil.copy(trained / th.CHECKPOINT_DIR / th.DATA_FILE, out / th.CHECKPOINT_DIR / th.DATA_FILE)
+    argv = [*argv, "--out", str(out), "--resume", "--init-heads", str(trained), "--steps", "0",
+            "--tree-nodes", "4", "8", "12", "--default-tree-nodes", "12", "--default-tree-family", "joint"]
+    assert th.run(cli_parser().parse_args(argv)) == 0
+    measured, new_meta = MedusaHeads.load(out)
+    for key, value in heads.state_dict().items():
+        assert torch.equal(measured.state_dict()[key], value)
+    assert new_meta["training"]["steps"] == 0 and new_meta["default_tree"] == "joint-12"
+    for row, expected in zip(new_meta["accuracy"], meta["accuracy"], strict=True):
+        assert row == pytest.approx(expected)
+    for name in ("optimal-8", "joint-8"):
+        assert new_meta["trees"][name] == meta["trees"][name]
+        assert new_meta["heldout_tokens_per_pass"][name] == pytest.approx(meta["heldout_tokens_per_pass"][name])
+
+
+def test_zero_steps_needs_heads_to_measure(
+    cli_run: tuple[Path, Path, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, _, argv = cli_run
+    assert th.run(cli_parser().parse_args([*argv, "--steps", "0"])) == 2
+    assert "--init-heads" in capsys.readouterr().err
 
 
 def test_cli_refuses_bad_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
