@@ -89,6 +89,22 @@ def test_cli_bench_json(capsys, tiny_dirs, tmp_path):
     assert report["ar"]["tokens"] == 2 * 16 and report["ar"]["forward_passes"] == 2 * 16
 
 
+def test_bench_table_explains_differing_output_by_dtype():
+    from decoding.bench import format_table
+
+    row = {"tree": "optimal-8", "tree_size": 9, "speedup": 1.5, "mean_accepted": 2.5, "round_cost": 1.6,
+           "trace_overhead": 0.04, "identical": True,
+           "medusa": {"tokens_per_second": 100.0, "forward_passes": 10}}
+    report = {"model": "m", "device": "cpu", "dtype": "bfloat16", "prompts": 1, "max_new_tokens": 8,
+              "acceptance": "greedy", "ar": {"tokens_per_second": 80.0, "forward_passes": 8, "tokens": 8,
+                                              "seconds_per_round": 0.003}, "trees": [row]}
+    assert "nearly tie" not in format_table(report)
+    row["identical"] = False
+    assert "NO in bfloat16" in format_table(report) and "--dtype float32" in format_table(report)
+    report["dtype"] = "float32"
+    assert "a bug" in format_table(report)
+
+
 def test_cli_bench_reads_multiline_prompts_from_json(capsys, tiny_dirs, tmp_path):
     """Code prompts need newlines and indentation: a .json prompt file keeps them."""
     prompts = tmp_path / "prompts.json"
