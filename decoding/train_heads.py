@@ -924,10 +924,9 @@ class BuiltTrees:
 def build_trees(evaluation: HeadsEvaluation, budgets: Sequence[int]) -> BuiltTrees:
     """For each node budget, the paper's optimal tree and the joint tree, with their figures."""
     acc, counts, positions = evaluation.accuracy, evaluation.path_counts, evaluation.joint_positions
-    trees: dict[str, list[list[int]]] = {}
-    for n in sorted(set(budgets)):
-        trees[f"optimal-{n}"] = optimal_choices(acc, n)
-        trees[f"joint-{n}"] = joint_optimal_choices(acc, counts, n)
+    budgets = sorted(set(budgets))
+    trees = {f"optimal-{n}": optimal_choices(acc, n) for n in budgets}
+    trees |= {f"joint-{n}": joint_optimal_choices(acc, counts, n) for n in budgets}
     expected = {name: round(expected_tokens_per_pass(acc, c), 4)
                 for name, c in trees.items() if name.startswith("optimal-")}
     measured = ({name: round(measured_tokens_per_pass(counts, positions, c), 4) for name, c in trees.items()}
