@@ -205,8 +205,9 @@ def _model_device(model: PreTrainedModel) -> torch.device:
 def _each_head(
     heads: MedusaHeads, hidden: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, bf16: bool,
     lm_head: torch.nn.Module,
-) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
-    """(k, logits, targets) for head k = 1..K, over just the positions where head k has a target.
+) -> Iterator[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(k, logits, targets, valid) for head k = 1..K, over just the positions where head k has a
+    target; `valid` is the (batch, seq) mask of those positions.
 
     A generator on purpose: the training loop calls backward on one head's loss before the next
     head's (positions, vocab) logits are made, so only one head's logits are alive at a time.
@@ -217,7 +218,7 @@ def _each_head(
         if valid.any():
             with _autocast(hidden.device, bf16):
                 logits = heads.head_logits(k - 1, hidden[valid], lm_head)
-            yield k, logits.float(), targets[valid]
+            yield k, logits.float(), targets[valid], valid
 
 
 # ----- heads -----------------------------------------------------------------------------------
@@ -302,7 +303,7 @@ def evaluate_heads(
             positions = torch.arange(ids.shape[1], device=device)
             every_head &= positions[None, :] >= batch_starts[:, None] - 1
         joint_ranks = []
-        for k, logits, targets in _each_head(heads, hidden, ids, mask, bf16, model.get_output_embeddings()):
+        for k, logits, targets, valid in _each_head(heads, hidden, ids, mask, bf16, model.get_output_embeddings()):
             loss_sums[k - 1] += F.cross_entropy(logits, targets, reduction="sum").item()
             counts[k - 1] += len(targets)
             guesses = logits.topk(min(top_k, logits.shape[-1])).indices
@@ -311,7 +312,7 @@ def evaluate_heads(
             rank_hits[k - 1, : len(hits)] += hits
             # The rank of the true token, or top_k where it is not among the guesses.
             ranks = torch.where(found.any(-1), found.int().argmax(-1), top_k)
-            joint_ranks.append(ranks[every_head[head_targets(ids, mask, k) != IGNORE_INDEX]])
+            joint_ranks.append(ranks[every_head[valid]])
         if joint_ranks and len(joint_ranks[0]):
             rows = torch.stack(joint_ranks, dim=1).tolist()
             path_counts.update(count_paths(rows, top_k))
@@ -368,7 +369,7 @@ def _train_step(
     with _autocast(ids.device, bf16):
         hidden = last_hidden_states(model, ids, mask).float()
     total = 0.0
-    for k, logits, targets in _each_head(heads, hidden, ids, mask, bf16, model.get_output_embeddings()):
+    for k, logits, targets, _ in _each_head(heads, hidden, ids, mask, bf16, model.get_output_embeddings()):
         # Weight 1 for head 1, as the reference code does; Adam ignores the overall scale anyway.
         loss = loss_decay ** (k - 1) * F.cross_entropy(logits, targets)
         loss.backward()
@@ -399,7 +400,7 @@ def _joint_train_step(
     loss = F.cross_entropy(out.logits[:, :-1].float().flatten(0, 1), targets.flatten(),
                            ignore_index=IGNORE_INDEX)
     hidden = out.hidden_states[-1].float()
-    for k, logits, head_targets_k in _each_head(heads, hidden, ids, mask, bf16, model.get_output_embeddings()):
+    for k, logits, head_targets_k, _ in _each_head(heads, hidden, ids, mask, bf16, model.get_output_embeddings()):
         loss = loss + heads_weight * loss_decay ** (k - 1) * F.cross_entropy(logits, head_targets_k)
     loss.backward()
     return loss.item()
