@@ -27,17 +27,23 @@ def new_cache() -> DynamicCache:
 
 def compact_cache(cache: DynamicCache, past_length: int, accepted_nodes: list[int]) -> None:
     """Keep the prefix and the accepted nodes' rows (in path order); drop every other tree row."""
-    index = torch.tensor(accepted_nodes, device=cache.layers[0].keys.device) + past_length
+    # A path whose i-th node is node i already sits where it belongs (the root always does, and
+    # so does a first child numbered 1): only the rows after that run move. Often none does.
+    in_place = 0
+    while in_place < len(accepted_nodes) and accepted_nodes[in_place] == in_place:
+        in_place += 1
+    moved = accepted_nodes[in_place:]
+    index = torch.tensor(moved, device=cache.layers[0].keys.device) + past_length
+    destination = slice(past_length + in_place, past_length + len(accepted_nodes))
     for layer in cache.layers:
         if not isinstance(layer, DynamicLayer) or not layer.is_initialized:
             raise DecodingError(f"unsupported cache layer {type(layer).__name__}")
         tree_rows = layer.keys.shape[-2] - past_length
-        # The right-hand side is gathered into a new tensor before the write, so rows can move
-        # down safely even when a destination is also a later source.
-        layer.keys[..., past_length : past_length + len(accepted_nodes), :] = layer.keys[..., index, :]
-        layer.values[..., past_length : past_length + len(accepted_nodes), :] = layer.values[
-            ..., index, :
-        ]
+        if moved:
+            # The right-hand side is gathered into a new tensor before the write, so rows can
+            # move down safely even when a destination is also a later source.
+            layer.keys[..., destination, :] = layer.keys[..., index, :]
+            layer.values[..., destination, :] = layer.values[..., index, :]
         drop = tree_rows - len(accepted_nodes)
         if drop:
             layer.crop(-drop)

@@ -72,3 +72,4 @@ def test_unknown_preset():
 def test_every_preset_is_valid():
     for name, choices in TREE_PRESETS.items():
         assert Tree.from_choices(choices, num_heads=5, name=name).size == len(choices) + 1
+
