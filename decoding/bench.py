@@ -25,6 +25,8 @@ class MethodTotals:
     passes: int = 0
     rounds: int = 0
     round_tokens: int = 0
+    verify_seconds: float = 0.0  # the rounds' base-model passes alone
+    draft_accept_seconds: float = 0.0  # the heads' guesses, and choosing/keeping the tokens
 
     def add(self, trace) -> None:
         self.tokens += len(trace.tokens)
@@ -34,6 +36,8 @@ class MethodTotals:
         self.passes += trace.forward_passes
         self.rounds += len(trace.rounds)
         self.round_tokens += sum(r.accepted_length for r in trace.rounds)
+        self.verify_seconds += sum(r.time_verify for r in trace.rounds)
+        self.draft_accept_seconds += sum(r.time_draft + r.time_accept for r in trace.rounds)
 
     @property
     def tokens_per_second(self) -> float:
@@ -97,13 +101,19 @@ def run_bench(mm: MedusaModel, prompts: list[str], settings: DecodeSettings,
 
     rows = []
     for r in results:
+        # Costs per round in plain decoding steps. Untraced rounds, so recording is not counted.
+        def in_steps(seconds: float, rounds: int = r.untraced.rounds) -> float:
+            return seconds / rounds / ar.seconds_per_round if rounds and ar.seconds_per_round else 0.0
+
         rows.append({
             "tree": r.tree, "tree_size": r.tree_size,
             "speedup": ar.seconds / r.medusa.seconds if r.medusa.seconds else 0.0,
             "mean_accepted": r.medusa.mean_accepted,
-            # What a Medusa round (draft + verify + accept) costs, in plain decoding steps:
-            # speedup ≈ mean_accepted / round_cost. Untraced rounds, so recording is not counted.
-            "round_cost": r.untraced.seconds_per_round / ar.seconds_per_round if ar.seconds_per_round else 0.0,
+            # What a Medusa round (draft + verify + accept) costs: speedup ≈ mean_accepted / round_cost.
+            "round_cost": in_steps(r.untraced.round_seconds),
+            # Its parts. With free drafting and accepting, speedup would be mean_accepted / verify_cost.
+            "verify_cost": in_steps(r.untraced.verify_seconds),
+            "draft_accept_cost": in_steps(r.untraced.draft_accept_seconds),
             "identical": r.identical if settings.acceptance == "greedy" else None,
             # Measured directly: time spent recording details over the time spent decoding.
             "trace_overhead": r.medusa.trace_seconds / (r.medusa.seconds - r.medusa.trace_seconds),
@@ -132,11 +142,11 @@ def format_table(report: dict) -> str:
         f"acceptance {report['acceptance']}",
         f"AR: {ar['tokens_per_second']:.1f} tok/s, {ar['forward_passes']} passes for {ar['tokens']} tokens, "
         f"{ar['seconds_per_round'] * 1e3:.2f} ms a step",
-        "round cost: one Medusa round (draft + verify + accept) in AR steps; "
-        "speedup ≈ accepted/pass ÷ round cost",
+        "round cost: one Medusa round in AR steps, and two of its parts: the verify pass, and "
+        "drafting + accepting; speedup ≈ accepted/pass ÷ round cost",
         "",
         f"{'tree':<16}{'nodes':>6}{'tok/s':>9}{'speedup':>9}{'accepted/pass':>15}"
-        f"{'round cost':>12}{'passes':>8}{'trace cost':>12}{'identical':>11}",
+        f"{'round cost':>12}{'verify':>8}{'draft+acc':>10}{'passes':>8}{'trace cost':>12}{'identical':>11}",
     ]
     for row in report["trees"]:
         m = row["medusa"]
@@ -144,7 +154,7 @@ def format_table(report: dict) -> str:
         lines.append(
             f"{row['tree']:<16}{row['tree_size']:>6}{m['tokens_per_second']:>9.1f}"
             f"{row['speedup']:>8.2f}x{row['mean_accepted']:>15.2f}{row['round_cost']:>7.2f} steps"
-            f"{m['forward_passes']:>8}"
+            f"{row['verify_cost']:>8.2f}{row['draft_accept_cost']:>10.2f}{m['forward_passes']:>8}"
             f"{row['trace_overhead']:>11.1%}{same:>11}"
         )
     if any(row["identical"] is False for row in report["trees"]):

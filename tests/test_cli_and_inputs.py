@@ -85,7 +85,9 @@ def test_cli_bench_json(capsys, tiny_dirs, tmp_path):
     for row in report["trees"]:  # a round's cost in plain steps, from untraced rounds
         assert row["round_cost"] == pytest.approx(
             row["medusa_untraced"]["seconds_per_round"] / report["ar"]["seconds_per_round"])
-        assert row["round_cost"] > 0
+        # Its parts are positive and never add up to more than the whole round.
+        assert 0 < row["verify_cost"] and 0 < row["draft_accept_cost"]
+        assert row["verify_cost"] + row["draft_accept_cost"] <= row["round_cost"]
     assert report["ar"]["tokens"] == 2 * 16 and report["ar"]["forward_passes"] == 2 * 16
 
 
@@ -93,7 +95,7 @@ def test_bench_table_explains_differing_output_by_dtype():
     from decoding.bench import format_table
 
     row = {"tree": "optimal-8", "tree_size": 9, "speedup": 1.5, "mean_accepted": 2.5, "round_cost": 1.6,
-           "trace_overhead": 0.04, "identical": True,
+           "verify_cost": 1.3, "draft_accept_cost": 0.2, "trace_overhead": 0.04, "identical": True,
            "medusa": {"tokens_per_second": 100.0, "forward_passes": 10}}
     report = {"model": "m", "device": "cpu", "dtype": "bfloat16", "prompts": 1, "max_new_tokens": 8,
               "acceptance": "greedy", "ar": {"tokens_per_second": 80.0, "forward_passes": 8, "tokens": 8,
