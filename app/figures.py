@@ -361,6 +361,20 @@ def pass_cost_ratio(ar: RunTrace, medusa: RunTrace) -> float:
     return seconds_per_pass(medusa) / ar_pass if ar_pass > 0 else 0.0
 
 
+def round_cost_parts(ar: RunTrace, medusa: RunTrace) -> tuple[float, float]:
+    """A Medusa round's two costs in plain passes: the verify pass, and drafting + accepting.
+
+    They add up to `pass_cost_ratio`. The first alone sets a ceiling: with free drafting and
+    accepting, the speedup would be tokens per pass ÷ verify cost.
+    """
+    ar_pass = seconds_per_pass(ar)
+    if ar_pass <= 0 or not medusa.rounds:
+        return 0.0, 0.0
+    per_round = len(medusa.rounds) * ar_pass
+    verify = sum(r.time_verify for r in medusa.rounds) / per_round
+    return verify, sum(r.time_draft + r.time_accept for r in medusa.rounds) / per_round
+
+
 def speed_figure(medusa: RunTrace, ar: RunTrace | None, scale: float = 1.0) -> go.Figure:
     """Tokens per pass (what the heads buy) against the measured speedup (what you get)."""
     bars = [("tokens per pass", medusa.mean_accepted, f"{medusa.mean_accepted:.2f}", MEDUSA)]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from decoding.trace import RunTrace
 
-from .figures import acceptance_by_depth, pass_cost_ratio, seconds_per_pass, speedup
+from .figures import acceptance_by_depth, pass_cost_ratio, round_cost_parts, seconds_per_pass, speedup
 from .tokens import visible
 from .tree_layout import leaf_count
 
@@ -100,6 +100,7 @@ def run_values(run: RunTrace) -> dict[str, str]:
 def race_values(ar: RunTrace, medusa: RunTrace) -> dict[str, str]:
     """Numbers only a measured race gives: time per pass and the wall-clock speedup."""
     cost = pass_cost_ratio(ar, medusa)
+    verify, draft_accept = round_cost_parts(ar, medusa)
     return {
         "ar_time": f"{ar.total_time:.2f}",
         "medusa_time": f"{medusa.total_time:.2f}",
@@ -108,6 +109,9 @@ def race_values(ar: RunTrace, medusa: RunTrace) -> dict[str, str]:
         "medusa_ms_per_pass": _ms(seconds_per_pass(medusa)),
         "pass_cost": f"{cost:.2f}",
         "predicted_speedup": f"{medusa.mean_accepted / cost:.2f}" if cost else MISSING,
+        "verify_cost": f"{verify:.2f}",
+        "draft_accept_cost": f"{draft_accept:.2f}",
+        "ceiling_speedup": f"{medusa.mean_accepted / verify:.2f}" if verify else MISSING,
         "speedup": f"{speedup(ar, medusa):.2f}",
     }
 

@@ -247,3 +247,32 @@ def test_explainer_before_any_run_shows_dashes_not_placeholders():
     texts = render_steps(load_steps(), None, None)
     assert not any("{{" in text for text in texts)
     assert MISSING in texts[5]
+
+
+def test_round_cost_parts_split_a_round_into_verify_and_drafting(run):
+    # Hand-made rounds: draft 1 ms, verify 4 ms, accept 0.5 ms; the plain passes take 4 ms each.
+    ar = make_ar_run(len(run.tokens), seconds_per_token=0.004)
+    verify, draft_accept = figures.round_cost_parts(ar, run)
+    assert verify == pytest.approx(1.0) and draft_accept == pytest.approx(0.375)
+    assert verify + draft_accept == pytest.approx(figures.pass_cost_ratio(ar, run))
+    assert figures.round_cost_parts(ar, make_run(SMALL_CHOICES, accepted_leaves=[])) == (0.0, 0.0)
+
+
+def test_speedup_step_shows_where_a_rounds_time_goes(run):
+    from app.text import load_steps, render_steps
+
+    ar = make_ar_run(len(run.tokens), seconds_per_token=0.004)
+    speedup_step = render_steps(load_steps(), run, ar)[5]
+    assert "verify pass alone cost 1.00 plain passes" in speedup_step
+    assert "accepting 0.38" in speedup_step
+    assert f"≈ **{run.mean_accepted / 1.0:.2f}×**" in speedup_step
+
+
+def test_stats_page_names_the_verify_cost_and_the_ceiling(run):
+    from app.ui import stats_views
+
+    ar = make_ar_run(len(run.tokens), seconds_per_token=0.004)
+    text = stats_views(run, ar, scale=1.0)[0]
+    assert "cost **1.38×**" in text and "verify pass over the whole tree cost 1.00×" in text
+    assert f"ceiling is {run.mean_accepted:.2f} ÷ 1.00" in text
+    assert "Race" in stats_views(run, None, scale=1.0)[0]
