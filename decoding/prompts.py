@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from .errors import DecodingError
+from .loading import EMBEDDED_MODELS_DIR, OWN_HEADS_CONFIG
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "assets" / "prompts"
 
@@ -49,6 +50,23 @@ def shipped_prompts(name: str) -> list[str]:
     return []
 
 
+def prompt_set(model: str) -> str:
+    """The name of an embedded model's prompt files: its own, or the set its heads config names.
+
+    Two models of one corpus share their prompts (`"prompt_set": "stdlib"`), so the same
+    examples and bench inputs compare them, and no copy of the files can drift.
+    """
+    config = EMBEDDED_MODELS_DIR / model / OWN_HEADS_CONFIG
+    if config.is_file():
+        return json.loads(config.read_text(encoding="utf-8")).get("prompt_set", model)
+    return model
+
+
 def example_prompts(model: str) -> list[str]:
     """The example prompts shipped for embedded model `model`."""
-    return shipped_prompts(model)
+    return shipped_prompts(prompt_set(model))
+
+
+def bench_prompts(model: str) -> list[str]:
+    """The benchmark prompts shipped for embedded model `model`."""
+    return shipped_prompts(f"bench_{prompt_set(model)}")

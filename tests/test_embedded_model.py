@@ -11,7 +11,7 @@ import pytest
 
 from decoding import DecodeSettings, embedded_models, generate, load_model
 from decoding.loading import DEFAULT_MODEL, EMBEDDED_MODELS_DIR
-from decoding.prompts import example_prompts, shipped_prompts
+from decoding.prompts import bench_prompts, example_prompts
 from decoding.train_heads import measure_head_accuracy, self_distill
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,7 +31,7 @@ def test_default_is_the_embedded_austen_model():
 
 def test_every_embedded_model_ships_its_prompts_and_card(embedded):
     assert embedded.default_tree in embedded.trees
-    assert len(example_prompts(embedded.name)) >= 3 and len(shipped_prompts(f"bench_{embedded.name}")) >= 10
+    assert len(example_prompts(embedded.name)) >= 3 and len(bench_prompts(embedded.name)) >= 10
     assert (EMBEDDED_MODELS_DIR / embedded.name / "README.md").stat().st_size > 2000
 
 
@@ -53,7 +53,7 @@ def test_model_data_fits_the_size_budget():
 
 def test_heads_beat_chance_by_a_wide_margin(embedded):
     """On the model's own continuations of prompts it never trained on (chance is 1/vocabulary)."""
-    prompts = shipped_prompts(f"bench_{embedded.name}")[:6]
+    prompts = bench_prompts(embedded.name)[:6]
     sequences = self_distill(embedded.model, embedded.tokenizer, prompts, max_new_tokens=48,
                              greedy_and_sampled=False, progress=False).sequences
     accuracy = measure_head_accuracy(embedded.model, embedded.heads, sequences, top_k=5)
@@ -65,7 +65,7 @@ def test_heads_beat_chance_by_a_wide_margin(embedded):
 
 def test_greedy_medusa_equals_plain_greedy_on_unseen_prompts(embedded):
     medusa_passes = plain_passes = tokens = 0
-    for prompt in shipped_prompts(f"bench_{embedded.name}")[:3]:
+    for prompt in bench_prompts(embedded.name)[:3]:
         medusa = generate(embedded, prompt, DecodeSettings(max_new_tokens=64))
         plain = generate(embedded, prompt, DecodeSettings(method="ar", max_new_tokens=64))
         assert medusa.tokens == plain.tokens
@@ -75,3 +75,14 @@ def test_greedy_medusa_equals_plain_greedy_on_unseen_prompts(embedded):
     # Summed over the prompts: a continuation that ends after a few tokens has little to save.
     assert medusa_passes < plain_passes
     assert tokens / medusa_passes > 1.3
+
+
+def test_a_model_can_share_another_models_prompts():
+    """`prompt_set` in a heads config points at another model's prompt files; others read their own."""
+    from decoding.prompts import prompt_set, shipped_prompts
+
+    for name in embedded_models():
+        shared = prompt_set(name)
+        assert example_prompts(name) == shipped_prompts(shared)
+        assert bench_prompts(name) == shipped_prompts(f"bench_{shared}")
+    assert prompt_set("no-such-model") == "no-such-model"
