@@ -4,10 +4,11 @@ How the timing is taken (the page says so too):
 1. warm-up: a short run of each decoder, so neither pays for first-call initialisation;
 2. plain (AR) decoding runs to the end, alone on the hardware; its clock is the engine's own,
    which counts only time inside the decoding loop;
-3. Medusa runs next, alone, on the same clock. While it runs, the page shows both panes on that
-   clock: Medusa's tokens as they arrive, and the AR run's tokens as recorded at the same
-   moment of its own run. After Medusa ends, the AR replay continues in real time to its end.
-The two decoders never run at the same moment, so neither slows the other.
+3. Medusa runs next, to the end, alone, on the same clock;
+4. both measured runs are replayed side by side in real time, on that one clock.
+The two decoders never run at the same moment, so neither slows the other. Nor is either
+measured while the page redraws: on a laptop the browser shares the CPU, and a run streamed to
+the page while the other ran unwatched would be measured under a load the other never had.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from decoding import DecodeSettings, MedusaModel, RunTrace, generate, stream
+from decoding import DecodeSettings, MedusaModel, RunTrace, generate
 
 from .figures import speedup
 
@@ -26,10 +27,10 @@ WARM_UP_TOKENS = 4
 
 TIMING_NOTE = (
     "**How this was timed.** Both decoders first do a short warm-up run. Then plain decoding "
-    "runs to the end, alone; then Medusa runs, alone: the two never share the hardware at the "
-    "same moment. Each is timed by the engine's own clock, which counts only time spent "
-    "decoding (prefill included) and stops while the page is being updated. The panes replay "
-    "both measured timelines on one clock, live as the Medusa run proceeds."
+    "runs to the end, alone; then Medusa runs to the end, alone: the two never share the "
+    "hardware at the same moment, and the page is not redrawn while either runs. Each is timed "
+    "by the engine's own clock, which counts only time spent decoding (prefill included). The "
+    "panes then replay both measured timelines side by side, in real time, on one clock."
 )
 
 
@@ -37,7 +38,7 @@ TIMING_NOTE = (
 class RaceFrame:
     """What the page shows at one moment of the race."""
 
-    phase: str  # "warm-up", "measuring AR", "racing", "replaying", "done"
+    phase: str  # "warm-up", "measuring AR", "measuring Medusa", "replaying", "done"
     ar: RunTrace | None
     medusa: RunTrace | None
     clock: float  # seconds on the measured clock; the panes show what each run had by then
@@ -45,10 +46,6 @@ class RaceFrame:
 
 def _with(settings: DecodeSettings, **changes) -> DecodeSettings:
     return dataclasses.replace(settings, **changes)
-
-
-def _latest_time(trace: RunTrace) -> float:
-    return trace.rounds[-1].t_end if trace.rounds else trace.time_prefill
 
 
 def race(model: MedusaModel, prompt: str, settings: DecodeSettings) -> Iterator[RaceFrame]:
@@ -63,18 +60,16 @@ def race(model: MedusaModel, prompt: str, settings: DecodeSettings) -> Iterator[
 
     yield RaceFrame("measuring AR", None, None, 0.0)
     ar = generate(model, prompt, ar_settings)
+    yield RaceFrame("measuring Medusa", None, None, 0.0)
+    medusa = generate(model, prompt, medusa_settings)
 
-    medusa = None
-    for medusa in stream(model, prompt, medusa_settings):
-        yield RaceFrame("racing", ar, medusa, _latest_time(medusa))
-
-    clock = medusa.total_time
-    started = time.perf_counter() - clock
-    while clock < ar.total_time:
-        time.sleep(min(REPLAY_STEP, ar.total_time - clock))
-        clock = min(time.perf_counter() - started, ar.total_time)
+    end = max(ar.total_time, medusa.total_time)
+    clock, started = 0.0, time.perf_counter()
+    while clock < end:
+        time.sleep(min(REPLAY_STEP, end - clock))
+        clock = min(time.perf_counter() - started, end)
         yield RaceFrame("replaying", ar, medusa, clock)
-    yield RaceFrame("done", ar, medusa, max(ar.total_time, medusa.total_time))
+    yield RaceFrame("done", ar, medusa, end)
 
 
 def race_summary(ar: RunTrace, medusa: RunTrace) -> str:

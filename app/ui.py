@@ -250,8 +250,8 @@ def race_pane(title: str, trace: RunTrace | None, clock: float) -> str:
 RACE_STATUS = {
     "warm-up": "Warming up both decoders (a short run of each)…",
     "measuring AR": "Measuring plain decoding alone…",
-    "racing": "Medusa is running now; plain decoding replays its measured run on the same clock.",
-    "replaying": "Medusa is done; plain decoding's measured run is still replaying.",
+    "measuring Medusa": "Measuring Medusa alone…",
+    "replaying": "Replaying both measured runs side by side, in real time, on one clock.",
     "done": "✓ Done. Both runs measured alone, after a warm-up.",
 }
 
