@@ -197,13 +197,14 @@ def stats_views(run: RunTrace | None, ar: RunTrace | None, scale: float) -> tupl
         return "Press **Run** (and then **Race**) to fill this page.", empty, empty, empty
     text = (f"Medusa added **{run.mean_accepted:.2f} tokens per pass** over {len(run.rounds)} rounds. ")
     if ar is not None:
-        verify, draft_accept = figures.round_cost_parts(ar, run)
         text += (f"But a round over the {run.tree.size}-node tree cost **{figures.pass_cost_ratio(ar, run):.2f}×** "
                  f"a plain single-token pass (both measured), so the wall-clock speedup is "
-                 f"**{figures.speedup(ar, run):.2f}×**, not {run.mean_accepted:.2f}×. Of that round, the verify "
-                 f"pass over the whole tree cost {verify:.2f}× and drafting plus accepting {draft_accept:.2f}×: "
-                 f"even with free drafting, the ceiling is {run.mean_accepted:.2f} ÷ {verify:.2f} ≈ "
-                 f"**{run.mean_accepted / verify:.2f}×**.")
+                 f"**{figures.speedup(ar, run):.2f}×**, not {run.mean_accepted:.2f}×.")
+        verify, draft_accept = figures.round_cost_parts(ar, run)
+        if verify:  # a plain run that stopped after its first token has no pass to compare with
+            text += (f" Of that round, the verify pass over the whole tree cost {verify:.2f}× and drafting "
+                     f"plus accepting {draft_accept:.2f}×: even with free drafting, the ceiling is "
+                     f"{run.mean_accepted:.2f} ÷ {verify:.2f} ≈ **{run.mean_accepted / verify:.2f}×**.")
     else:
         text += "Run the **Race** to measure the wall-clock speedup beside it."
     return (text, figures.accepted_histogram(run, scale), figures.head_acceptance_figure(run, scale),

@@ -276,3 +276,5 @@ def test_stats_page_names_the_verify_cost_and_the_ceiling(run):
     assert "cost **1.38×**" in text and "verify pass over the whole tree cost 1.00×" in text
     assert f"ceiling is {run.mean_accepted:.2f} ÷ 1.00" in text
     assert "Race" in stats_views(run, None, scale=1.0)[0]
+    # A sampled plain run can end at its first token: nothing to compare a round with, no crash.
+    assert "ceiling" not in stats_views(run, make_ar_run(1), scale=1.0)[0]
