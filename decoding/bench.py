@@ -66,6 +66,11 @@ class TreeResult:
     identical: bool = True
 
 
+def _in_ar_steps(seconds: float, rounds: int, ar: MethodTotals) -> float:
+    """Seconds spent over `rounds` rounds, as a cost per round in plain decoding steps."""
+    return seconds / (rounds * ar.seconds_per_round) if rounds and ar.seconds_per_round else 0.0
+
+
 def run_bench(mm: MedusaModel, prompts: list[str], settings: DecodeSettings,
               trees: list, progress: bool = True) -> dict:
     """Decode every prompt with AR and with Medusa for each tree; return totals and ratios."""
@@ -101,19 +106,16 @@ def run_bench(mm: MedusaModel, prompts: list[str], settings: DecodeSettings,
 
     rows = []
     for r in results:
-        # Costs per round in plain decoding steps. Untraced rounds, so recording is not counted.
-        def in_steps(seconds: float, rounds: int = r.untraced.rounds) -> float:
-            return seconds / rounds / ar.seconds_per_round if rounds and ar.seconds_per_round else 0.0
-
         rows.append({
             "tree": r.tree, "tree_size": r.tree_size,
             "speedup": ar.seconds / r.medusa.seconds if r.medusa.seconds else 0.0,
             "mean_accepted": r.medusa.mean_accepted,
-            # What a Medusa round (draft + verify + accept) costs: speedup ≈ mean_accepted / round_cost.
-            "round_cost": in_steps(r.untraced.round_seconds),
+            # Per-round costs in plain steps, from untraced rounds so recording is not counted.
+            # A round (draft + verify + accept): speedup ≈ mean_accepted / round_cost.
+            "round_cost": _in_ar_steps(r.untraced.round_seconds, r.untraced.rounds, ar),
             # Its parts. With free drafting and accepting, speedup would be mean_accepted / verify_cost.
-            "verify_cost": in_steps(r.untraced.verify_seconds),
-            "draft_accept_cost": in_steps(r.untraced.draft_accept_seconds),
+            "verify_cost": _in_ar_steps(r.untraced.verify_seconds, r.untraced.rounds, ar),
+            "draft_accept_cost": _in_ar_steps(r.untraced.draft_accept_seconds, r.untraced.rounds, ar),
             "identical": r.identical if settings.acceptance == "greedy" else None,
             # Measured directly: time spent recording details over the time spent decoding.
             "trace_overhead": r.medusa.trace_seconds / (r.medusa.seconds - r.medusa.trace_seconds),
