@@ -272,6 +272,7 @@ def medusa_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings) -> Ite
             emitted_from_heads=[i < len(new_tokens) - 1 for i in range(len(kept))],
             time_draft=drafted - start, time_verify=verified - drafted,
             time_accept=accepted_done - verified, t_end=0.0,
+            next_token=verdict.next_token, next_text=mm.token_text(verdict.next_token),
         )
         if settings.detailed_trace:
             _detail(mm, tree, round_trace, node_tokens, logits, top_tokens, top_probs,

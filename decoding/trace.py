@@ -81,6 +81,12 @@ class RoundTrace:
     # The accepted path as node indices, root first; its length minus one is how many head
     # guesses were accepted.
     accepted_nodes: list[int] = field(default_factory=list)
+    # The token the round chose after its accepted path: the next round's root (Medusa only).
+    # Greedy: the base model's argmax at the last accepted node; typical and sampling: drawn
+    # from the base model's distribution there, so it may differ from `base_argmax_tokens`.
+    # Recorded even when the token budget cut it from `emitted_tokens`.
+    next_token: int | None = None
+    next_text: str = ""
 
     @property
     def accepted_length(self) -> int:
