@@ -1,0 +1,1 @@
+"""Training: everything that makes weights. The decoding engine never imports this package."""

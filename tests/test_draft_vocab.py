@@ -1,0 +1,132 @@
+"""Drafting through a truncated vocabulary, and heads trained on recorded self-distillation.
+
+The draft vocabulary only narrows what the heads may guess; the verify pass still scores the full
+vocabulary, so greedy output must stay identical to plain decoding whatever the vocabulary holds —
+even a vocabulary that leaves out the very tokens the model writes.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from decoding import DecodeSettings, generate
+from decoding.heads import HeadsConfig, MedusaHeads
+from decoding.training.distill import Answers, greedy_answers
+from decoding.training.recorded import (
+    RecordedData,
+    RecordedTrainingSettings,
+    choose_draft_vocab,
+    coverage,
+    evaluate_recorded_heads,
+    fit_recorded_heads,
+    new_recorded_heads,
+)
+from decoding.tiny import tiny_model
+from tests.test_lossless import prompts, reference_greedy, trees
+
+NEW_TOKENS = 40
+
+
+def vocab_heads(mm, draft_vocab: torch.Tensor, seed: int) -> MedusaHeads:
+    """Shared-lm_head heads that guess among `draft_vocab` only, perturbed at random."""
+    c = mm.heads.config
+    heads = MedusaHeads(HeadsConfig(c.num_heads, 1, c.hidden_size, c.vocab_size, shared_lm_head=True,
+                                    draft_vocab_size=len(draft_vocab)))
+    heads.draft_vocab.copy_(draft_vocab)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=generator))
+    return heads.eval()
+
+
+@settings(max_examples=10, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(prompt=prompts, choices=trees(max_nodes=16), seed=st.integers(0, 2**16),
+       size=st.sampled_from([8, 64, 200]), arch=st.sampled_from(["llama", "qwen2"]))
+def test_truncated_vocab_drafting_is_lossless(tiny_models, prompt, choices, seed, size, arch):
+    mm = tiny_models[arch]
+    vocab = torch.randperm(mm.heads.config.vocab_size, generator=torch.Generator().manual_seed(seed))[:size]
+    original = mm.heads
+    mm.heads = vocab_heads(mm, vocab, seed)
+    try:
+        if max(max(p) for p in choices) >= size:
+            choices = [[min(r, size - 1) for r in p] for p in choices]
+            choices = [list(p) for p in sorted({tuple(p) for p in choices}, key=lambda p: (len(p), p))]
+        trace = generate(mm, prompt, DecodeSettings(max_new_tokens=NEW_TOKENS, tree=choices))
+    finally:
+        mm.heads = original
+    assert trace.tokens == reference_greedy(mm, prompt, NEW_TOKENS)
+    # Every guess the heads made came from the draft vocabulary.
+    guessed = {t for r in trace.rounds for row in r.heads_topk_tokens for t in row}
+    assert guessed <= set(vocab.tolist())
+
+
+def test_draft_vocab_survives_save_and_load(tmp_path, tiny_llama):
+    vocab = torch.tensor([5, 3, 99, 7])
+    heads = vocab_heads(tiny_llama, vocab, seed=1)
+    heads.save(tmp_path)
+    loaded, meta = MedusaHeads.load(tmp_path)
+    assert loaded.draft_vocab.tolist() == [5, 3, 99, 7]
+    assert meta["draft_vocab_size"] == 4 and loaded.guess_vocab_size == 4
+    assert loaded.token_ids(torch.tensor([[0, 2]])).tolist() == [[5, 99]]
+
+
+def test_choose_draft_vocab_ranks_by_frequency():
+    tokens = torch.tensor([4, 4, 4, 1, 1, 9, 2, 2, 2, 2])
+    vocab = choose_draft_vocab(tokens, 3, vocab_size=12)
+    assert vocab.tolist() == [2, 4, 1]  # 4 times, 3 times, twice; 9 (once) is left out
+    assert abs(coverage(tokens, vocab) - 0.9) < 1e-6
+
+
+def test_greedy_answers_record_what_chose_each_token():
+    model = tiny_model("llama", vocab_size=64, seed=3, hidden=32, layers=2, init_std=0.5)
+    prompts_ids = [[5, 6, 7], [9, 10, 11, 12, 13]]
+    answers = greedy_answers(model, prompts_ids, max_new_tokens=12, stop_ids=frozenset([0]), pad_id=0)
+    for prompt, answer in zip(prompts_ids, answers.answers):
+        reference = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=len(answer),
+                                   eos_token_id=0, pad_token_id=0)[0, len(prompt):].tolist()
+        assert answer == reference
+    assert answers.tokens.tolist() == [t for a in answers.answers for t in a]
+    # The recorded state is the one the lm_head read: its argmax is the token it chose.
+    chosen = (answers.states.float() @ model.get_output_embeddings().weight.T).argmax(-1)
+    assert chosen.tolist() == answers.tokens.tolist()
+    assert answers.teacher_ids[:, 0].tolist() == answers.tokens.tolist()
+
+
+def _cyclic_answers(lm_head: torch.nn.Linear, cycle: list[int], count: int, length: int) -> Answers:
+    """Answers that walk a fixed cycle of tokens, each state a scaled copy of its token's lm_head
+    row (so the lm_head reads back exactly that token): head k's target is a fixed function of
+    the state, which training must find."""
+    generator = torch.Generator().manual_seed(0)
+    answers = []
+    for i in range(count):
+        offset = int(torch.randint(len(cycle), (1,), generator=generator))
+        answers.append([cycle[(offset + j) % len(cycle)] for j in range(length)])
+    tokens = torch.tensor([t for a in answers for t in a])
+    states = 4.0 * lm_head.weight[tokens].detach()
+    top_logits, top_ids = (states @ lm_head.weight.T).detach().topk(8, dim=-1)
+    return Answers(prompts=[[1]] * count, answers=answers, states=states.half(), tokens=tokens,
+                   teacher_ids=top_ids.int(), teacher_logits=top_logits.half())
+
+
+def test_recorded_training_learns_what_comes_next():
+    lm_head = tiny_model("llama", vocab_size=64, seed=3, hidden=64, layers=1).get_output_embeddings()
+    cycle = torch.randperm(64, generator=torch.Generator().manual_seed(1))[:20].tolist()
+    data = RecordedData.from_answers(_cyclic_answers(lm_head, cycle, count=60, length=16))
+    config = RecordedTrainingSettings(num_heads=2, draft_vocab_size=32, epochs=40, batch_size=64, lr=3e-3,
+                                      hard_weight=0.5, bf16=False)
+    vocab = choose_draft_vocab(data.tokens, config.draft_vocab_size, lm_head.out_features)
+    assert coverage(data.tokens, vocab) == 1.0  # 20 distinct tokens fit in 32
+    untrained = evaluate_recorded_heads(new_recorded_heads(lm_head, vocab, config), lm_head, data)
+    heads = new_recorded_heads(lm_head, vocab, config)
+    run = fit_recorded_heads(heads, lm_head, data, config, progress=False)
+    trained = evaluate_recorded_heads(heads, lm_head, data)
+    assert run.losses[-1] < 0.5 * run.losses[0]
+    # Untrained heads repeat the state's own token, which is never the next one in the cycle.
+    assert untrained.top1 == [0.0, 0.0]
+    assert trained.top1[0] > 0.9 and trained.top1[1] > 0.9
+    assert trained.joint_positions == 60 * (16 - 2)
+    assert trained.path_counts[(0, 0)] > 0.9 * trained.joint_positions
