@@ -12,11 +12,11 @@ from .loading import MedusaModel, available_models, embedded_model_title, embedd
 from .registry import MODEL_REGISTRY, RegistryEntry
 from .settings import DecodeSettings
 from .trace import RoundTrace, RunSettings, RunTrace, TreeTrace
-from .tree import TREE_PRESETS, Tree, tree_trace
+from .tree import TREE_PRESETS, Tree
 
 __all__ = [
     "DecodingError", "DecodeSettings", "MedusaModel", "MODEL_REGISTRY", "RegistryEntry",
     "RoundTrace", "RunSettings", "RunTrace", "TREE_PRESETS", "Tree", "TreeTrace",
     "autoregressive_decode", "available_models", "embedded_model_title", "embedded_models", "generate",
-    "load_model", "medusa_decode", "stream", "tree_trace",
+    "load_model", "medusa_decode", "stream",
 ]

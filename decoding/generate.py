@@ -70,6 +70,8 @@ def encode_prompt(mm: MedusaModel, prompt: str) -> list[int]:
 
 def resolve_tree(mm: MedusaModel, settings: DecodeSettings) -> Tree:
     """The tree to verify each round: a preset or shipped tree by name, or a custom choices list."""
+    if mm.heads is None:
+        raise DecodingError(f"{mm.name} was loaded without Medusa heads: only plain decoding (method ar) can run")
     num_heads = settings.num_heads or mm.num_heads
     if num_heads > mm.num_heads:
         raise DecodingError(f"{mm.name} has {mm.num_heads} heads; cannot use {num_heads}")
@@ -172,7 +174,7 @@ def autoregressive_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings
     generator = _make_generator(settings.seed)
     clock = Stopwatch(mm.device)
     clock.resume()
-    cache = new_cache()
+    cache = new_cache(mm.model.config)
     logits, _ = prefill(mm, prompt_ids, cache)
     token = _start(mm, trace, clock, logits, settings, generator)
     produced = 1
@@ -211,7 +213,7 @@ def _detail(mm: MedusaModel, tree: Tree, round_trace: RoundTrace, node_tokens: t
     log_norm = logits.logsumexp(dim=-1)
     best_logits, base_tokens = logits.max(dim=-1)
     base_probs = torch.exp(best_logits - log_norm)
-    parents = torch.tensor(tree.parents[1:], device=logits.device)
+    parents = torch.tensor(tree.parents[1:], dtype=torch.long, device=logits.device)
     node_probs = torch.exp(logits[parents, node_tokens[1:]] - log_norm[parents])
     # One transfer to the CPU for everything, rather than one per number.
     tokens, best, best_p, node_p, head_t, head_p = (
@@ -227,6 +229,21 @@ def _detail(mm: MedusaModel, tree: Tree, round_trace: RoundTrace, node_tokens: t
     round_trace.accepted_nodes = accepted
 
 
+def _cut(tree: Tree, depth: int, device: torch.device) -> tuple[Tree, torch.Tensor]:
+    """The tree without nodes deeper than `depth`, and its draft index: the nodes that fit."""
+    cut = tree.cut(depth)
+    return cut, cut.draft_index.to(device)
+
+
+def _guesses(mm: MedusaModel, hidden: torch.Tensor, tree: Tree,
+             with_probs: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The heads' top-k table for the tree; an empty one for a root-only tree, which reads no head."""
+    if tree.max_depth == 0:
+        empty = torch.empty(0, 1, device=mm.device)
+        return empty.long(), empty if with_probs else None
+    return draft(mm, hidden, tree, with_probs=with_probs)
+
+
 @torch.inference_mode()
 def medusa_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings) -> Iterator[RunTrace]:
     """Draft with the heads, verify the whole tree in one pass, accept, compact; repeat."""
@@ -237,27 +254,31 @@ def medusa_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings) -> Ite
     draft_index = tree.draft_index.to(mm.device)
     clock = Stopwatch(mm.device)
     clock.resume()
-    cache = new_cache()
+    cache = new_cache(mm.model.config, for_trees=True)
     logits, hidden = prefill(mm, prompt_ids, cache, want_hidden=True)
     root = _start(mm, trace, clock, logits, settings, generator)
     produced = 1
     yield from _hand_over(trace, clock)
     while not trace.stop_reason:
         past = cache.get_seq_length()
-        if past + tree.size > mm.context_length:
+        # The root takes position `past` and a node at depth d position past + d. Near the end of
+        # the context only the shallower nodes fit; plain decoding stops where no position is left.
+        room = mm.context_length - past
+        if room < 1:
             trace.stop_reason = "context_limit"
             break
+        round_tree, round_index = (tree, draft_index) if room > tree.max_depth else _cut(tree, room - 1, mm.device)
         start = clock.read()
         # Draft: the heads read the hidden state of the token *before* the root (the one whose
         # logits chose the root), so head k guesses the token k places after the root.
-        top_tokens, top_probs = draft(mm, hidden, tree, with_probs=settings.detailed_trace)
+        top_tokens, top_probs = _guesses(mm, hidden, round_tree, settings.detailed_trace)
         root_tensor = torch.tensor([root], device=mm.device)
-        node_tokens = torch.cat([root_tensor, top_tokens.flatten()[draft_index]])
+        node_tokens = torch.cat([root_tensor, top_tokens.flatten()[round_index]])
         drafted = clock.read()
-        logits, hidden_all = verify_tree(mm, tree, node_tokens, cache)
+        logits, hidden_all = verify_tree(mm, round_tree, node_tokens, cache)
         verified = clock.read()
         node_list = node_tokens.tolist()
-        verdict = accept(tree, node_list, logits, settings, generator)
+        verdict = accept(round_tree, node_list, logits, settings, generator)
         compact_cache(cache, past, verdict.accepted_nodes)
         # The next round's heads read the hidden state at the last accepted node: the very
         # position whose logits chose the next root. No extra pass is needed.
@@ -275,7 +296,7 @@ def medusa_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings) -> Ite
             next_token=verdict.next_token, next_text=mm.token_text(verdict.next_token),
         )
         if settings.detailed_trace:
-            _detail(mm, tree, round_trace, node_tokens, logits, top_tokens, top_probs,
+            _detail(mm, round_tree, round_trace, node_tokens, logits, top_tokens, top_probs,
                     verdict.accepted_nodes, root)
         round_trace.t_end = clock.read()
         round_trace.time_trace = round_trace.t_end - accepted_done

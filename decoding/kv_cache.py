@@ -4,25 +4,51 @@ The verify pass appends one key/value row per tree node to every layer of the ca
 rows of the accepted path belong to the sequence; the rest are candidates that lost. We move the
 accepted rows to sit right after the prefix and cut off the remainder, so the cache again holds
 exactly the committed sequence (minus its last token, which the next round feeds in as its root).
+
+The cache is the one the model's own `generate` builds from its config: a full layer keeps every
+row, a sliding-window layer only the last `window - 1`. Sliding layers need one change for trees:
+a verify pass appends T candidate rows at once, and losing candidates must not push rows the
+window still needs out of the cache. `activate_past_recording` makes such layers keep every row
+until `crop` is called, and `crop` then trims them back to the window and keeps their count of
+tokens seen (`cumulative_length`) right.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers import DynamicCache, PreTrainedConfig
+from transformers.cache_utils import get_layer_types_and_kwargs
 
 from .errors import DecodingError
 
+# The layer kinds whose cache holds one key/value row per token, which is what lets a tree of
+# candidates be verified in one pass and the losers be dropped afterwards.
+TREE_LAYER_TYPES = ("full_attention", "sliding_attention")
 
-def new_cache() -> DynamicCache:
-    """A cache of plain full-attention layers.
 
-    We deliberately do not pass the model config: for sliding-window models that would create
-    layers that silently drop old rows on every update, which breaks compaction. Full layers
-    hold every row; we cap the context at the window instead, so attention is unchanged.
+def attention_layer_types(config: PreTrainedConfig) -> list[str]:
+    """Each layer's attention type as the library reads it from `config`, or a DecodingError.
+
+    Recurrent layers (Mamba's state-space layers, linear attention) keep a running state instead
+    of rows, and chunked attention masks differently from a sliding window: both are refused.
     """
-    return DynamicCache()
+    types, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+    unsupported = sorted(set(types) - set(TREE_LAYER_TYPES))
+    if unsupported:
+        raise DecodingError(
+            f"{config.model_type} has {', '.join(unsupported)} layers: Medusa verifies a tree of "
+            "candidates with attention layers that keep one key/value row per token (full or "
+            "sliding-window attention), so it cannot run on this model"
+        )
+    return types
+
+
+def new_cache(config: PreTrainedConfig, for_trees: bool = False) -> DynamicCache:
+    """The cache `generate` would use for this model; `for_trees` for one that `compact_cache` trims."""
+    cache = DynamicCache(config=config)
+    if for_trees:
+        cache.activate_past_recording()
+    return cache
 
 
 def compact_cache(cache: DynamicCache, past_length: int, accepted_nodes: list[int]) -> None:
@@ -33,17 +59,16 @@ def compact_cache(cache: DynamicCache, past_length: int, accepted_nodes: list[in
     while in_place < len(accepted_nodes) and accepted_nodes[in_place] == in_place:
         in_place += 1
     moved = accepted_nodes[in_place:]
-    index = torch.tensor(moved, device=cache.layers[0].keys.device) + past_length
-    destination = slice(past_length + in_place, past_length + len(accepted_nodes))
+    index = torch.tensor(moved, device=cache.layers[0].keys.device)
     for layer in cache.layers:
-        if not isinstance(layer, DynamicLayer) or not layer.is_initialized:
-            raise DecodingError(f"unsupported cache layer {type(layer).__name__}")
-        tree_rows = layer.keys.shape[-2] - past_length
+        # Counted in tokens seen, not rows held: a sliding layer may hold fewer prefix rows.
+        tree_rows = layer.get_seq_length() - past_length
+        first_tree_row = layer.keys.shape[-2] - tree_rows
         if moved:
-            # The right-hand side is gathered into a new tensor before the write, so rows can
-            # move down safely even when a destination is also a later source.
-            layer.keys[..., destination, :] = layer.keys[..., index, :]
-            layer.values[..., destination, :] = layer.values[..., index, :]
-        drop = tree_rows - len(accepted_nodes)
-        if drop:
-            layer.crop(-drop)
+            for tensor in (layer.keys, layer.values):
+                tree = tensor[..., first_tree_row:, :]  # a view: writing to it writes the cache
+                # The right-hand side is gathered into a new tensor before the write, so rows can
+                # move down safely even when a destination is also a later source.
+                tree[..., in_place : len(accepted_nodes), :] = tree[..., index, :]
+        # Also trims a sliding layer back to its window (so crop(0) is not a no-op there).
+        layer.crop(len(accepted_nodes) - tree_rows)

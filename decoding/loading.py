@@ -14,15 +14,19 @@ v0.1 config says 2 heads while its weights hold 5.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
+import pickle
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
+from typing import TypeVar
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
@@ -30,6 +34,7 @@ from .errors import DecodingError
 from .fetch import WHEEL_MODELS, fetched_dir, is_fetched
 from .heads import CONFIG_NAME as OWN_HEADS_CONFIG
 from .heads import HeadsConfig, MedusaHeads, TransposedLinear
+from .kv_cache import attention_layer_types
 from .registry import MODEL_REGISTRY
 from .selftest import check_tree_attention
 from .tree import TREE_PRESETS
@@ -38,6 +43,7 @@ EMBEDDED_MODELS_DIR = Path(__file__).resolve().parent.parent / "assets" / "model
 DEFAULT_MODEL = "austen"
 V01_WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 V10_PREFIX = "medusa_head."
+T = TypeVar("T")
 
 
 @dataclass
@@ -47,7 +53,7 @@ class MedusaModel:
     name: str
     model: PreTrainedModel
     tokenizer: object
-    heads: MedusaHeads
+    heads: MedusaHeads | None  # None when loaded for plain decoding only
     device: torch.device
     dtype: torch.dtype
     context_length: int
@@ -55,12 +61,16 @@ class MedusaModel:
     default_tree: str
     eos_token_ids: frozenset[int]
     prompt_template: str = "{prompt}"
-    heads_info: dict = field(default_factory=dict)
     _token_texts: dict[int, str] = field(default_factory=dict, repr=False)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        super().__setattr__(name, value)
+        if name == "heads":
+            self.__dict__.pop("draft_lm_head", None)  # it was chosen for the heads being replaced
 
     @property
     def num_heads(self) -> int:
-        return self.heads.num_heads
+        return 0 if self.heads is None else self.heads.num_heads
 
     @cached_property
     def draft_lm_head(self) -> nn.Module:
@@ -84,6 +94,11 @@ class MedusaModel:
     def cache_argument(self) -> str:
         """transformers 5 renamed `past_key_values` to `cache`; older model code has the old name."""
         return "cache" if "cache" in self.forward_parameters else "past_key_values"
+
+    @cached_property
+    def layer_types(self) -> list[str]:
+        """Each layer's attention, "full_attention" or "sliding_attention": the tree mask differs."""
+        return attention_layer_types(self.model.config)
 
     def token_text(self, token: int) -> str:
         """The text of one token, memoised: tracing reads it for every node of every round."""
@@ -168,21 +183,88 @@ def _download(repo_id: str) -> Path:
 
 
 # ----- reading heads from each layout -----
-def _published_heads(state: dict[str, torch.Tensor], hidden: int, vocab: int) -> MedusaHeads:
-    """Build MedusaHeads from `{i}.{j}...` keys (v0.1 files; v1.0 keys with the prefix removed)."""
-    keys = [k for k in state if re.match(r"^\d+\.\d+\.", k)]
+# What reading a missing, truncated or garbled file raises: json, safetensors and torch.load
+# (a truncated .pt fails as a zip or as a pickle, depending on where it was cut).
+_BROKEN_FILE = (OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError, SafetensorError)
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def _read(path: Path, read: Callable[[Path], T]) -> T:
+    """`read(path)`, with a broken file reported in one line instead of a traceback."""
+    try:
+        return read(path)
+    except DecodingError:
+        raise
+    except _BROKEN_FILE as e:
+        raise DecodingError(f"cannot read {path}: {_one_line(e)}") from e
+
+
+def _read_safetensors(path: Path, prefix: str = "") -> dict[str, torch.Tensor]:
+    """The tensors in `path` whose names start with `prefix`, the prefix removed."""
+    with safe_open(str(path), "pt") as f:
+        return {k[len(prefix):]: f.get_tensor(k) for k in f.keys() if k.startswith(prefix)}
+
+
+def _read_pickled_state(path: Path) -> dict[str, torch.Tensor]:
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict):
+        raise DecodingError(f"{path} holds a {type(state).__name__}, not a state dict of head weights")
+    return state
+
+
+def _check_fits(found: tuple[int, int], model: tuple[int, int], source: Path) -> None:
+    """Heads read the model's hidden state and guess from its vocabulary: both sizes must match."""
+    if found != model:
+        raise DecodingError(
+            f"heads in {source} were made for hidden size {found[0]} and vocabulary {found[1]}; "
+            f"this model has {model[0]} and {model[1]}"
+        )
+
+
+def _own_heads(directory: Path, model_sizes: tuple[int, int]) -> tuple[MedusaHeads, dict]:
+    """Heads in this project's layout; the config is checked against the model before any weights load."""
+    config_path = directory / OWN_HEADS_CONFIG
+    meta = _read(config_path, lambda p: json.loads(p.read_text(encoding="utf-8")))
+    required = [f.name for f in dataclasses.fields(HeadsConfig) if f.default is dataclasses.MISSING]
+    if not isinstance(meta, dict) or not all(type(meta.get(k)) is int and meta[k] >= 0 for k in required):
+        raise DecodingError(f"{config_path} is not a heads config: it needs the whole numbers {', '.join(required)}")
+    if not isinstance(meta.get("trees", {}), dict) or not isinstance(meta.get("default_tree", ""), str):
+        raise DecodingError(f"{config_path}: 'trees' must map names to choices lists, 'default_tree' be a name")
+    _check_fits((meta["hidden_size"], meta["vocab_size"]), model_sizes, directory)
+    return _read(directory, MedusaHeads.load)
+
+
+def _published_heads(state: dict[str, torch.Tensor], model_sizes: tuple[int, int], source: Path) -> MedusaHeads:
+    """Build MedusaHeads from `{i}.{j}...` keys (v0.1 files; v1.0 keys with the prefix removed).
+
+    Every size is read from the weights, never from a config: the published v0.1 config says 2
+    heads while its weights hold 5.
+    """
+    keys = [k for k, v in state.items() if re.match(r"^\d+\.\d+\.", k) and isinstance(v, torch.Tensor)]
     if not keys:
-        raise DecodingError("no Medusa head weights found (expected keys like '0.0.linear.weight')")
+        raise DecodingError(f"no Medusa head weights found in {source} (expected keys like '0.0.linear.weight')")
     num_heads = 1 + max(int(k.split(".")[0]) for k in keys)
     block_indices = [int(k.split(".")[1]) for k in keys if ".linear." in k]
     num_layers = 1 + max(block_indices) if block_indices else 0
-    has_projection = f"0.{num_layers}.weight" in state
-    heads = MedusaHeads(HeadsConfig(num_heads, num_layers, hidden, vocab, not has_projection))
-    own_state = {f"heads.{k}": v for k, v in state.items() if k in keys}
-    missing, unexpected = heads.load_state_dict(own_state, strict=False)
+    projection = state.get(f"0.{num_layers}.weight")
+    block = state.get("0.0.linear.weight")
+    if projection is None and block is None:
+        raise DecodingError(f"Medusa head weights in {source} have neither ResBlocks nor a vocabulary projection")
+    hidden = (projection if projection is not None else block).shape[-1]
+    vocab = model_sizes[1] if projection is None else projection.shape[0]
+    _check_fits((hidden, vocab), model_sizes, source)
+    heads = MedusaHeads(HeadsConfig(num_heads, num_layers, hidden, vocab, projection is None))
+    own_state = {f"heads.{k}": state[k] for k in keys}
+    try:
+        missing, unexpected = heads.load_state_dict(own_state, strict=False)
+    except RuntimeError as e:  # one head shaped unlike the others
+        raise DecodingError(f"Medusa head weights in {source} do not fit together: {_one_line(e)}") from e
     if missing or unexpected:
         raise DecodingError(
-            f"Medusa head weights do not fit the expected layout: missing {missing[:4]}, "
+            f"Medusa head weights in {source} do not fit the expected layout: missing {missing[:4]}, "
             f"unexpected {unexpected[:4]}"
         )
     return heads
@@ -192,10 +274,7 @@ def _read_v01_state(directory: Path) -> dict[str, torch.Tensor]:
     for name in V01_WEIGHTS:
         path = directory / name
         if path.is_file():
-            if path.suffix == ".safetensors":
-                with safe_open(str(path), "pt") as f:
-                    return {k: f.get_tensor(k) for k in f.keys()}
-            return torch.load(path, map_location="cpu", weights_only=True)
+            return _read(path, _read_safetensors if path.suffix == ".safetensors" else _read_pickled_state)
     raise DecodingError(f"{directory} has no {' or '.join(V01_WEIGHTS)}")
 
 
@@ -203,32 +282,26 @@ def _read_prefixed_state(directory: Path, prefix: str) -> dict[str, torch.Tensor
     """Tensors whose names start with `prefix`, from a model's safetensors or .bin shards."""
     state: dict[str, torch.Tensor] = {}
     for path in sorted(directory.glob("*.safetensors")):
-        with safe_open(str(path), "pt") as f:
-            state.update({k[len(prefix):]: f.get_tensor(k) for k in f.keys() if k.startswith(prefix)})
+        state.update(_read(path, partial(_read_safetensors, prefix=prefix)))
     if not state:
         for path in sorted(directory.glob("pytorch_model*.bin")):
-            shard = torch.load(path, map_location="cpu", weights_only=True)
+            shard = _read(path, _read_pickled_state)
             state.update({k[len(prefix):]: v for k, v in shard.items() if k.startswith(prefix)})
     return state
 
 
 def find_heads(directory: Path, model: PreTrainedModel) -> tuple[MedusaHeads, dict]:
     """Heads stored in `directory` in any supported layout, or a DecodingError naming them all."""
-    hidden = model.config.get_text_config().hidden_size
-    vocab = model.get_output_embeddings().weight.shape[0]
+    if not directory.is_dir():
+        raise DecodingError(f"heads directory {directory} does not exist")
+    model_sizes = (model.config.get_text_config().hidden_size, model.get_output_embeddings().weight.shape[0])
     if (directory / OWN_HEADS_CONFIG).is_file():
-        heads, meta = MedusaHeads.load(directory)
-        if (heads.config.hidden_size, heads.config.vocab_size) != (hidden, vocab):
-            raise DecodingError(
-                f"heads in {directory} were trained for hidden size {heads.config.hidden_size} "
-                f"and vocabulary {heads.config.vocab_size}; this model has {hidden} and {vocab}"
-            )
-        return heads, meta
+        return _own_heads(directory, model_sizes)
     if any((directory / name).is_file() for name in V01_WEIGHTS):
-        return _published_heads(_read_v01_state(directory), hidden, vocab), {"format": "v0.1"}
+        return _published_heads(_read_v01_state(directory), model_sizes, directory), {"format": "v0.1"}
     v10 = _read_prefixed_state(directory, V10_PREFIX)
     if v10:
-        return _published_heads(v10, hidden, vocab), {"format": "v1.0"}
+        return _published_heads(v10, model_sizes, directory), {"format": "v1.0"}
     raise DecodingError(
         f"no Medusa heads found in {directory}: expected {OWN_HEADS_CONFIG} (this project), "
         f"{' or '.join(V01_WEIGHTS)} (Medusa v0.1) or '{V10_PREFIX}*' weights (Medusa v1.0)"
@@ -267,7 +340,7 @@ def _resolve(name_or_path: str | None, heads: str | None) -> _Sources:
         )
     path = Path(name)
     if not path.is_dir():
-        if name.count("/") != 1 or path.exists():
+        if not _is_hub_id(name):
             known = ", ".join(embedded_models() + list(MODEL_REGISTRY))
             raise DecodingError(
                 f"unknown model {name!r}: not a directory, not a hub id (owner/name), "
@@ -276,24 +349,39 @@ def _resolve(name_or_path: str | None, heads: str | None) -> _Sources:
         path = _download(name)
     heads_dir = Path(heads) if heads else path
     if heads and not heads_dir.is_dir():
+        if not _is_hub_id(heads):
+            raise DecodingError(f"--heads {heads}: no such directory")
         heads_dir = _download(heads)
     if any((heads_dir / w).is_file() for w in V01_WEIGHTS) and heads_dir == path:
-        # A v0.1 heads directory names its base model in its own config.
-        base = json.loads((path / "config.json").read_text()).get("base_model_name_or_path")
-        if not base:
-            raise DecodingError(f"{path} holds Medusa v0.1 heads but names no base model")
-        return _Sources(name, base, heads_dir)
+        return _Sources(name, _v01_base(path), heads_dir)
     return _Sources(name, path, heads_dir)
 
 
+def _is_hub_id(name: str) -> bool:
+    """`owner/name` as the hub spells it; a path like `/data/x` or `./x/y` is not one."""
+    return re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", name) is not None and not Path(name).exists()
+
+
+def _v01_base(directory: Path) -> str:
+    """The base model a v0.1 heads directory names in its own config.json."""
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise DecodingError(
+            f"{directory} holds Medusa v0.1 heads but no config.json naming their base model: "
+            "pass the base model with --model and these heads with --heads"
+        )
+    config = _read(config_path, lambda p: json.loads(p.read_text(encoding="utf-8")))
+    base = config.get("base_model_name_or_path") if isinstance(config, dict) else None
+    if not isinstance(base, str) or not base:
+        raise DecodingError(f"{directory} holds Medusa v0.1 heads but its config.json names no base model")
+    return base
+
+
 def _context_length(config) -> int:
+    """The positions the model was built for. A sliding window does not shorten it: the window
+    only limits how far back each position looks, and the tree mask applies it."""
     text = config.get_text_config()
     length = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
-    window = getattr(text, "sliding_window", None)
-    if window and getattr(text, "use_sliding_window", True) is not False:
-        # Attention within the window is full attention; beyond it we would need the library's
-        # sliding layers, which cannot be compacted. Stop at the window instead.
-        length = min(length or window, window)
     return int(length or 2048)
 
 
@@ -309,6 +397,7 @@ def _load_base(source: str | Path, device: torch.device, dtype: torch.dtype) -> 
             f"{config.model_type} uses ALiBi attention biases, which ignore position ids: a tree "
             "of candidates cannot be verified in one pass on it"
         )
+    attention_layer_types(config)  # refuses recurrent layers (Mamba...) before loading any weights
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=dtype, device_map=str(device) if device.type == "cuda" else None
@@ -324,18 +413,21 @@ def load_model(
     device: str = "auto",
     dtype: str = "auto",
     self_test: bool = True,
+    with_heads: bool = True,
 ) -> MedusaModel:
     """Load a model and its heads by embedded name, registry name, local directory or hub id.
 
     `None` means the embedded default model. With `self_test`, a tree is verified against
-    plain linear decoding before the model is handed out (see `selftest.py`).
+    plain linear decoding before the model is handed out (see `selftest.py`). Without
+    `with_heads`, the model is loaded for plain decoding alone and no heads are looked for.
     """
     sources = _resolve(name_or_path, heads)
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     model = _load_base(sources.model, torch_device, torch_dtype)
-    medusa_heads, meta = find_heads(sources.heads, model)
-    medusa_heads = medusa_heads.to(device=torch_device, dtype=torch_dtype).eval().requires_grad_(False)
+    medusa_heads, meta = find_heads(sources.heads, model) if with_heads else (None, {})
+    if medusa_heads is not None:
+        medusa_heads = medusa_heads.to(device=torch_device, dtype=torch_dtype).eval().requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(sources.model)
     trees = {**TREE_PRESETS, **meta.get("trees", {})}
     default_tree = meta.get("default_tree") or sources.tree or (
@@ -354,7 +446,6 @@ def load_model(
         default_tree=default_tree,
         eos_token_ids=eos_ids,
         prompt_template=sources.prompt_template,
-        heads_info=meta,
     )
     if self_test:
         check_tree_attention(loaded)

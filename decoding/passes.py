@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import CacheLayerMixin
 
 from .tree import Tree
 
@@ -87,29 +88,62 @@ def _tree_block(tree: Tree, dtype: torch.dtype, device: torch.device) -> torch.T
     return torch.where(tree.ancestor_mask, 0.0, blocked).to(dtype=dtype, device=device)
 
 
-def tree_attention_mask(
-    tree: Tree, past_length: int, dtype: torch.dtype, device: torch.device
+def _layer_mask(
+    tree: Tree, layer: CacheLayerMixin, past_length: int, dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor:
-    """(1, 1, T, past + T) additive float mask: every node sees the whole prefix and its ancestors.
+    """(1, 1, T, kv) additive mask for one cache layer: each node sees the prefix and its ancestors.
 
-    It must be additive floats, not bools: transformers takes a 4D mask as given, and under eager
-    attention a bool mask would be *added* to the scores as 0/1 — silently wrong.
+    The layer says how many key rows its attention will see (`get_mask_sizes`): all of them for
+    full attention, the last `window - 1` prefix rows plus the T new ones for a sliding window,
+    where a node at position p also must not see a key at or before p - window.
     """
-    mask = torch.zeros(tree.size, past_length + tree.size, dtype=dtype, device=device)
-    mask[:, past_length:] = _tree_block(tree, dtype, device)
+    kv_length, _ = layer.get_mask_sizes(tree.size)
+    prefix = kv_length - tree.size
+    mask = torch.zeros(tree.size, kv_length, dtype=dtype, device=device)
+    mask[:, prefix:] = _tree_block(tree, dtype, device)
+    if layer.is_sliding:
+        depths = tree.depth_tensor.to(device)
+        query_positions = past_length + depths
+        key_positions = torch.cat([torch.arange(past_length - prefix, past_length, device=device), query_positions])
+        too_far = key_positions[None, :] <= query_positions[:, None] - layer.sliding_window
+        mask.masked_fill_(too_far, torch.finfo(dtype).min)
     return mask[None, None]
 
 
-def verify_tree(
-    mm: MedusaModel, tree: Tree, node_tokens: torch.Tensor, cache: DynamicCache
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One forward pass over all T tree nodes: logits (T, V) and hidden states (T, H).
+def tree_attention_mask(
+    tree: Tree, cache: DynamicCache, layer_types: list[str], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The verify pass's attention mask: one (1, 1, T, kv) tensor, or one per layer type.
+
+    It must be additive floats, not bools: transformers takes a 4D mask as given, and under eager
+    attention a bool mask would be *added* to the scores as 0/1 — silently wrong. Models that mix
+    full and sliding-window layers (Gemma 2 and 3, ...) take a dict `{layer_type: mask}`.
+    """
+    past = cache.get_seq_length()
+    masks = {
+        kind: _layer_mask(tree, cache.layers[layer_types.index(kind)], past, dtype, device)
+        for kind in dict.fromkeys(layer_types)
+    }
+    return masks if len(masks) > 1 else masks[layer_types[0]]
+
+
+def tree_inputs(
+    mm: MedusaModel, tree: Tree, cache: DynamicCache
+) -> tuple[torch.Tensor | dict[str, torch.Tensor], torch.Tensor]:
+    """The attention mask and position ids that let one pass verify every node of `tree`.
 
     Position ids are past + depth: siblings share a position, because each is a candidate for
     the same slot in the sequence. Leaving them out would number the nodes 0..T-1 — silently wrong.
     """
     past = cache.get_seq_length()
-    mask = tree_attention_mask(tree, past, mm.dtype, mm.device)
+    mask = tree_attention_mask(tree, cache, mm.layer_types, mm.dtype, mm.device)
     positions = (tree.depth_tensor.to(mm.device) + past).view(1, -1)
-    logits, hidden = run_model(mm, node_tokens, cache, mask, positions, want_hidden=True)
-    return logits, hidden
+    return mask, positions
+
+
+def verify_tree(
+    mm: MedusaModel, tree: Tree, node_tokens: torch.Tensor, cache: DynamicCache
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward pass over all T tree nodes: logits (T, V) and hidden states (T, H)."""
+    mask, positions = tree_inputs(mm, tree, cache)
+    return run_model(mm, node_tokens, cache, mask, positions, want_hidden=True)

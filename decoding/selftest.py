@@ -4,8 +4,9 @@ Tree verification leans on three things the model code must honour: a custom 4D 
 explicit position ids, and a KV cache whose rows we can move. Rather than keep a list of
 architectures that do, we test it: the logits the verify pass gives at each node must equal the
 logits of running that node's root-to-node path linearly, and after compacting the cache to one
-path, the next step must equal a linear run too. ALiBi models, recurrent models and anything
-else that ignores the mask or the positions fail here and are refused with the reason.
+path, the next step must equal a linear run too. ALiBi models and anything else that ignores or
+rejects the mask or the positions fail here and are refused with the reason. (Recurrent models
+such as Mamba are refused before, from their layer types: see `kv_cache.attention_layer_types`.)
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from .errors import DecodingError
 from .kv_cache import compact_cache, new_cache
-from .passes import decode_one_token, run_model, verify_tree
+from .passes import decode_one_token, run_model, tree_inputs
 from .tree import Tree
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ def _tolerance(dtype: torch.dtype) -> float:
 
 def _linear_logits(mm: MedusaModel, tokens: list[int]) -> torch.Tensor:
     """Logits after the last of `tokens`, run from scratch with no tree and no tricks."""
-    logits, _ = run_model(mm, tokens, new_cache(), last_only=True)
+    logits, _ = run_model(mm, tokens, new_cache(mm.model.config), last_only=True)
     return logits[-1].float()
 
 
@@ -39,36 +40,41 @@ def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> bool:
     return bool((a.float() - b.float()).abs().max() <= _tolerance(dtype) * (b.abs().max() + 1.0))
 
 
+def _refuse(mm: MedusaModel, reason: str) -> DecodingError:
+    return DecodingError(f"{mm.name} ({mm.model.config.model_type}) cannot use Medusa tree attention: {reason}")
+
+
 @torch.inference_mode()
 def check_tree_attention(mm: MedusaModel, seed: int = 0) -> None:
-    """Raise DecodingError unless tree verification reproduces linear decoding on this model."""
+    """Raise DecodingError unless tree verification reproduces linear decoding on this model.
+
+    Only a real mismatch is reported as the architecture's fault; any other exception is let
+    through, because it is a bug in this code, not a property of the model.
+    """
     tree = Tree.from_choices(SELF_TEST_TREE, num_heads=3, name="self-test")
     vocab = mm.model.get_output_embeddings().weight.shape[0]
     generator = torch.Generator().manual_seed(seed)
     prefix = torch.randint(0, vocab, (6,), generator=generator).tolist()
     node_tokens = torch.randint(0, vocab, (tree.size,), generator=generator)
+    cache = new_cache(mm.model.config, for_trees=True)
+    run_model(mm, prefix, cache)
+    if cache.get_seq_length() != len(prefix):
+        raise _refuse(mm, "its forward pass does not keep keys and values in the cache it is given")
+    mask, positions = tree_inputs(mm, tree, cache)
     try:
-        cache = new_cache()
-        run_model(mm, prefix, cache)
-        tree_logits, _ = verify_tree(mm, tree, node_tokens.to(mm.device), cache)
-        for node in range(tree.size):
-            path = prefix + node_tokens[tree.path_to(node)].tolist()
-            if not _close(tree_logits[node], _linear_logits(mm, path), mm.dtype):
-                raise DecodingError(
-                    f"tree node {node} gave different logits than running its path linearly "
-                    "(the model ignores the tree mask or the position ids)"
-                )
-        deepest = tree.path_to(tree.size - 1)
-        compact_cache(cache, len(prefix), deepest)
-        next_token = int(node_tokens[0])
-        after = decode_one_token(mm, next_token, cache)
-        expected = _linear_logits(mm, prefix + node_tokens[deepest].tolist() + [next_token])
-        if not _close(after, expected, mm.dtype):
-            raise DecodingError("decoding after cache compaction differs from a linear run")
-    except DecodingError as e:
-        raise DecodingError(f"{mm.name} cannot use Medusa tree attention: {e}") from e
-    except Exception as e:  # any failure inside the model code means: not supported
-        raise DecodingError(
-            f"{mm.name} ({mm.model.config.model_type}) cannot use Medusa tree attention: "
-            f"{type(e).__name__}: {e}"
-        ) from e
+        tree_logits, _ = run_model(mm, node_tokens.to(mm.device), cache, mask, positions)
+    except Exception as e:  # raised by the model's own code: it does not take a tree as input
+        raise _refuse(mm, f"its forward pass rejects a tree attention mask ({type(e).__name__}: "
+                          f"{' '.join(str(e).split())})") from e
+    for node in range(tree.size):
+        path = prefix + node_tokens[tree.path_to(node)].tolist()
+        if not _close(tree_logits[node], _linear_logits(mm, path), mm.dtype):
+            raise _refuse(mm, f"tree node {node} gave different logits than running its path linearly "
+                              "(the model ignores the tree mask or the position ids)")
+    deepest = tree.path_to(tree.size - 1)
+    compact_cache(cache, len(prefix), deepest)
+    next_token = int(node_tokens[0])
+    after = decode_one_token(mm, next_token, cache)
+    expected = _linear_logits(mm, prefix + node_tokens[deepest].tolist() + [next_token])
+    if not _close(after, expected, mm.dtype):
+        raise _refuse(mm, "decoding after cache compaction differs from a linear run")

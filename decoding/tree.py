@@ -127,6 +127,14 @@ class Tree:
             raise DecodingError("Medusa needs at least one head")
         return cls.from_choices([p for p in choices if len(p) <= num_heads], num_heads, name)
 
+    def cut(self, depth: int) -> Tree:
+        """This tree without its nodes deeper than `depth`; at depth 0, the root alone.
+
+        Paths are sorted by length first, so the nodes kept are the first ones: node i of the
+        cut tree is node i of this one.
+        """
+        return _shared(Tree(tuple(p for p in self.paths if len(p) <= depth), self.name))
+
     # ----- per-node facts -----
     @property
     def size(self) -> int:
@@ -219,8 +227,3 @@ def _shared(tree: Tree) -> Tree:
     """The first instance seen of an equal tree: its derived buffers are then computed only once,
     not on every run that asks for the same tree."""
     return tree
-
-
-def tree_trace(tree: Tree) -> TreeTrace:
-    """The trace form of a tree, for showing a tree before any run."""
-    return tree.to_trace()
