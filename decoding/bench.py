@@ -108,7 +108,9 @@ def run_bench(mm: MedusaModel, prompts: list[str], settings: DecodeSettings,
     for r in results:
         rows.append({
             "tree": r.tree, "tree_size": r.tree_size,
-            "speedup": ar.seconds / r.medusa.seconds if r.medusa.seconds else 0.0,
+            # Tokens per second, not total seconds: the runs may stop at different lengths
+            # (an end-of-text token in a sampled run).
+            "speedup": r.medusa.tokens_per_second / ar.tokens_per_second if ar.tokens_per_second else 0.0,
             "mean_accepted": r.medusa.mean_accepted,
             # Per-round costs in plain steps, from untraced rounds so recording is not counted.
             # A round (draft + verify + accept): speedup ≈ mean_accepted / round_cost.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from decoding import DecodeSettings, DecodingError, RunTrace, generate
+from decoding import DecodeSettings, DecodingError, RoundTrace, RunSettings, RunTrace, generate
 from decoding.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,6 +89,30 @@ def test_cli_bench_json(capsys, tiny_dirs, tmp_path):
         assert 0 < row["verify_cost"] and 0 < row["draft_accept_cost"]
         assert row["verify_cost"] + row["draft_accept_cost"] <= row["round_cost"]
     assert report["ar"]["tokens"] == 2 * 16 and report["ar"]["forward_passes"] == 2 * 16
+
+
+def fake_run(method: str, tokens: int, seconds: float) -> RunTrace:
+    """A finished run that wrote `tokens` tokens in `seconds`, one round per token."""
+    settings = RunSettings(method=method, max_new_tokens=64, acceptance="sample", temperature=1.0, top_p=1.0,
+                           epsilon=0.09, delta=0.3, seed=0, tree=None, num_heads=None)
+    rounds = [RoundTrace(index=i, position=i, emitted_tokens=[7], emitted_texts=["x"], emitted_from_heads=[False],
+                         time_draft=0.0, time_verify=0.0, time_accept=0.0, t_end=0.0) for i in range(tokens - 1)]
+    return RunTrace(model="m", device="cpu", dtype="float32", settings=settings, prompt="p", prompt_tokens=[1],
+                    rounds=rounds, prefill_token=7, stop_reason="eos", total_time=seconds)
+
+
+def test_bench_speedup_is_a_ratio_of_tokens_per_second(tiny_llama, monkeypatch):
+    """Plain decoding writes 40 tokens in 2 s (20/s); Medusa stops at an end-of-text token after
+    10 tokens in 0.25 s (40/s): 2x, not the 8x that total seconds would claim."""
+    import decoding.bench
+
+    def fake_generate(mm, prompt, settings):
+        return fake_run("ar", 40, 2.0) if settings.method == "ar" else fake_run("medusa", 10, 0.25)
+
+    monkeypatch.setattr(decoding.bench, "generate", fake_generate)
+    report = decoding.bench.run_bench(tiny_llama, ["p"], DecodeSettings(acceptance="sample"), ["chain-3"],
+                                      progress=False)
+    assert report["speedup"] == pytest.approx(2.0)
 
 
 def test_bench_table_explains_differing_output_by_dtype():
