@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from .acceptance import Verdict, greedy_accept, sampling_distribution, speculative_accept, typical_accept
 from .errors import DecodingError
@@ -56,10 +57,21 @@ class Stopwatch:
 
 
 # ----- inputs -----
+def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """A chat model's input for one user turn: the tokenizer's own chat template, ending with the
+    cue for the assistant's answer. The trace keeps the user's text; only the model sees this."""
+    messages = [{"role": "user", "content": text}]
+    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+    return list(encoded["input_ids"])
+
+
 def encode_prompt(mm: MedusaModel, prompt: str) -> list[int]:
     if not isinstance(prompt, str) or not prompt.strip():
         raise DecodingError("the prompt is empty: type some text to continue")
-    ids = mm.tokenizer(mm.prompt_template.format(prompt=prompt)).input_ids
+    if mm.use_chat_template:
+        ids = chat_prompt_ids(mm.tokenizer, prompt)
+    else:
+        ids = mm.tokenizer(mm.prompt_template.format(prompt=prompt)).input_ids
     if len(ids) >= mm.context_length:
         raise DecodingError(
             f"the prompt is {len(ids)} tokens but {mm.name} reads at most "
@@ -82,7 +94,7 @@ def resolve_tree(mm: MedusaModel, settings: DecodeSettings) -> Tree:
         tree = Tree.pruned(mm.trees[spec], num_heads, spec)
     else:
         tree = Tree.from_choices(spec, num_heads)
-    vocab = mm.heads.config.vocab_size
+    vocab = mm.heads.guess_vocab_size
     if tree.top_k > vocab:
         raise DecodingError(f"the tree reads rank {tree.top_k - 1} but the vocabulary has {vocab} tokens")
     return tree

@@ -58,6 +58,7 @@ from .optimal_tree import (
 )
 from .prompts import read_prompts
 from .train_base import SAVE_DTYPES, save_model_as
+from .training import recorded_run
 
 IGNORE_INDEX = -100  # F.cross_entropy skips targets with this value
 # Not "checkpoint": heads may be trained into a base model's run folder, where train-base keeps its own.
@@ -766,6 +767,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="continue from OUT/heads_checkpoint on the same data "
                             "(give the original run's flags)")
 
+    recorded_run.add_recorded_arguments(parser)
+
     tree = parser.add_argument_group("trees")
     tree.add_argument("--top-k", type=int, default=10, help="ranks measured per head")
     tree.add_argument("--tree-nodes", type=int, nargs="+", default=DEFAULT_TREE_NODES,
@@ -1039,7 +1042,7 @@ def _run(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     """Train heads as the flags say; 0 on success, 2 (with a message) on a usage problem."""
     try:
-        return _run(args)
+        return recorded_run.run_recorded(args) if args.recorded else _run(args)
     except DecodingError as err:
         print(f"train-heads: {err}", file=sys.stderr)
         return 2

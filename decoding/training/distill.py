@@ -95,7 +95,7 @@ def greedy_answers(model: PreTrainedModel, prompts: Sequence[list[int]], max_new
     )
 
 
-def _concat(parts: list[Answers]) -> Answers:
+def concat_answers(parts: list[Answers]) -> Answers:
     return Answers(
         prompts=[p for a in parts for p in a.prompts], answers=[s for a in parts for s in a.answers],
         **{name: torch.cat([getattr(a, name) for a in parts])
@@ -140,10 +140,11 @@ def distill_to_shards(
         path = out_dir / f"shard-{number:05d}"
         if path.with_suffix(".json").exists():
             continue
-        prompts = sorted((chat_prompt_ids(tokenizer, text) for text in shard), key=len)
+        shard = sorted(shard, key=lambda text: len(chat_prompt_ids(tokenizer, text)))
+        prompts = [chat_prompt_ids(tokenizer, text) for text in shard]
         parts = [greedy_answers(model, prompts[i : i + batch_size], max_new_tokens, stop_ids, pad_id)
                  for i in range(0, len(prompts), batch_size)]
-        save_shard(_concat(parts), path, shard)
+        save_shard(concat_answers(parts), path, shard)
 
 
 def read_shards(out_dir: Path) -> list[Path]:
