@@ -4,19 +4,48 @@
     mm = load_model()                      # the embedded model, offline, on the CPU
     trace = generate(mm, "It was a fine morning", DecodeSettings(max_new_tokens=64))
     print(trace.text, trace.mean_accepted)
+
+The names below are imported on first use, not with the package: `python -m decoding --help`
+then answers at once instead of after the seconds it takes to import torch and transformers.
 """
 
-from .errors import DecodingError
-from .generate import autoregressive_decode, generate, medusa_decode, stream
-from .loading import MedusaModel, available_models, embedded_model_title, embedded_models, load_model
-from .registry import MODEL_REGISTRY, RegistryEntry
-from .settings import DecodeSettings
-from .trace import RoundTrace, RunSettings, RunTrace, TreeTrace
-from .tree import TREE_PRESETS, Tree
+from __future__ import annotations
 
-__all__ = [
-    "DecodingError", "DecodeSettings", "MedusaModel", "MODEL_REGISTRY", "RegistryEntry",
-    "RoundTrace", "RunSettings", "RunTrace", "TREE_PRESETS", "Tree", "TreeTrace",
-    "autoregressive_decode", "available_models", "embedded_model_title", "embedded_models", "generate",
-    "load_model", "medusa_decode", "stream",
-]
+import importlib
+import sys
+import types
+
+_HOMES = {
+    "DecodingError": "errors",
+    "autoregressive_decode": "generate", "generate": "generate", "medusa_decode": "generate", "stream": "generate",
+    "MedusaModel": "loading", "available_models": "loading", "embedded_model_title": "loading",
+    "embedded_models": "loading", "load_model": "loading",
+    "MODEL_REGISTRY": "registry", "RegistryEntry": "registry",
+    "DecodeSettings": "settings",
+    "RoundTrace": "trace", "RunSettings": "trace", "RunTrace": "trace", "TreeTrace": "trace",
+    "TREE_PRESETS": "tree", "Tree": "tree",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> object:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
+
+
+class _Package(types.ModuleType):
+    """`generate` names both a submodule and the function it defines. Importing the submodule
+    makes Python set the package's attribute to it; this property keeps it the function."""
+
+    @property
+    def generate(self) -> object:
+        return importlib.import_module(".generate", __name__).generate
+
+    @generate.setter
+    def generate(self, submodule: types.ModuleType) -> None:
+        pass  # the submodule stays reachable as sys.modules["decoding.generate"]
+
+
+sys.modules[__name__].__class__ = _Package

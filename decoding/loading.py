@@ -188,8 +188,10 @@ def _download(repo_id: str) -> Path:
 _BROKEN_FILE = (OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError, SafetensorError)
 
 
-def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split()) or type(error).__name__
+def _one_line(error: BaseException, limit: int = 200) -> str:
+    """The error's message on one line, cut short: library messages can run to paragraphs."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _read(path: Path, read: Callable[[Path], T]) -> T:

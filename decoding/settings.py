@@ -55,3 +55,5 @@ class DecodeSettings:
             raise DecodingError(f"delta must be in [0, 1], not {self.delta}")
         if self.num_heads is not None and self.num_heads < 1:
             raise DecodingError(f"num_heads must be at least 1, not {self.num_heads}")
+        if self.seed is not None and not 0 <= self.seed < 2**64:  # what torch's generator takes
+            raise DecodingError(f"seed must be a whole number from 0 to 2**64 - 1, not {self.seed}")

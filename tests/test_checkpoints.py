@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from decoding import DecodingError, load_model
+from decoding.cli import main
 from decoding.heads import HeadsConfig, MedusaHeads, TransposedLinear
 
 NUM_HEADS = 5  # the published v0.1 config says 2; the weights say 5, and the weights win
@@ -138,3 +139,93 @@ def test_the_transposed_draft_projection_is_the_same_product(bias):
     linear = torch.nn.Linear(16, 50, bias=bias)
     x = torch.randn(3, 16)
     torch.testing.assert_close(TransposedLinear(linear)(x), linear(x))
+
+
+# ----- broken or mismatched heads: one line from the command line, exit status 2 -----
+def own_heads_copy(tmp_path, tiny_dirs):
+    target = tmp_path / "model"
+    shutil.copytree(tiny_dirs["llama"], target)
+    return target
+
+
+def cut_in_half(path):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def rewrite_config(path, change):
+    config = json.loads(path.read_text())
+    change(config)
+    path.write_text(json.dumps(config))
+
+
+def v01_heads(tmp_path, tiny_dirs, heads, suffix=".pt"):
+    write_v01(tmp_path / "heads", heads, tiny_dirs["llama"], suffix)
+    return tmp_path / "heads"
+
+
+def random_heads(num_heads, hidden, vocab):
+    return MedusaHeads(HeadsConfig(num_heads, 1, hidden, vocab))
+
+
+BROKEN_HEADS = {
+    "own weights truncated": lambda d: cut_in_half(d / "medusa_heads.safetensors"),
+    "own weights empty": lambda d: (d / "medusa_heads.safetensors").write_bytes(b""),
+    "own weights missing": lambda d: (d / "medusa_heads.safetensors").unlink(),
+    "own config garbage": lambda d: (d / "medusa_config.json").write_text("{not json"),
+    "own config not an object": lambda d: (d / "medusa_config.json").write_text("[1, 2]"),
+    "own config without vocab_size": lambda d: rewrite_config(d / "medusa_config.json",
+                                                              lambda c: c.pop("vocab_size")),
+    "own config with a text num_heads": lambda d: rewrite_config(d / "medusa_config.json",
+                                                                 lambda c: c.update(num_heads="four")),
+    "own config and weights disagree": lambda d: rewrite_config(d / "medusa_config.json",
+                                                                lambda c: c.update(num_heads=7)),
+    "own trees not a mapping": lambda d: rewrite_config(d / "medusa_config.json", lambda c: c.update(trees=[1])),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN_HEADS))
+def test_broken_own_heads_exit_2_with_one_line(capsys, tmp_path, tiny_dirs, case):
+    model = own_heads_copy(tmp_path, tiny_dirs)
+    BROKEN_HEADS[case](model)
+    assert_one_line_error(capsys, ["--model", str(model)])
+
+
+@pytest.mark.parametrize("case", ["v0.1 .pt truncated", "v0.1 safetensors truncated", "v0.1 wrong hidden size",
+                                  "v0.1 wrong vocabulary", "v0.1 without config.json", "v0.1 config garbage",
+                                  "v0.1 .pt holding a list"])
+def test_broken_v01_heads_exit_2_with_one_line(capsys, tmp_path, tiny_dirs, case):
+    hidden, vocab = 64, 320  # the tiny llama's
+    heads = {"v0.1 wrong hidden size": random_heads(3, 48, vocab),
+             "v0.1 wrong vocabulary": random_heads(3, hidden, 300)}.get(case, random_heads(3, hidden, vocab))
+    directory = v01_heads(tmp_path, tiny_dirs, heads, ".safetensors" if "safetensors" in case else ".pt")
+    weights = next(directory.glob("medusa_lm_head.*"))
+    if "truncated" in case:
+        cut_in_half(weights)
+    elif case == "v0.1 without config.json":
+        (directory / "config.json").unlink()
+    elif case == "v0.1 config garbage":
+        (directory / "config.json").write_text("][")
+    elif case == "v0.1 .pt holding a list":
+        torch.save([1, 2, 3], weights)
+    err = assert_one_line_error(capsys, ["--model", str(directory)])
+    if "wrong" in case:
+        assert "hidden size 48 and vocabulary 320" in err or "hidden size 64 and vocabulary 300" in err
+    # The same heads given beside their base model are checked the same way.
+    if case in ("v0.1 wrong hidden size", "v0.1 wrong vocabulary", "v0.1 .pt truncated"):
+        assert_one_line_error(capsys, ["--model", str(tiny_dirs["llama"]), "--heads", str(directory)])
+
+
+def test_missing_heads_directory_is_named(capsys, tiny_dirs):
+    err = assert_one_line_error(capsys, ["--model", str(tiny_dirs["llama"]), "--heads", "/nonexistent"])
+    assert "/nonexistent: no such directory" in err and "hub" not in err
+
+
+def assert_one_line_error(capsys, argv: list[str]) -> str:
+    code = main(["generate", "--prompt", "It is", "--max-new-tokens", "4", *argv])
+    err = capsys.readouterr().err.strip()
+    # Loading progress bars may come first; the error is one line, and the last.
+    last = err.splitlines()[-1]
+    assert code == 2 and "Traceback" not in err and last.startswith("error: "), err
+    assert err.count("error: ") == 1, err
+    return last

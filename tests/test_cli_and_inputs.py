@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from decoding import DecodeSettings, DecodingError, RoundTrace, RunSettings, RunTrace, generate
+from decoding import DecodeSettings, DecodingError, RoundTrace, RunSettings, RunTrace, generate, load_model
 from decoding.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -183,3 +184,51 @@ def test_trace_json_round_trip(tiny_llama):
         for node in r.accepted_nodes[1:]:
             parent = trace.tree.parents[node]
             assert r.node_tokens[node] == r.base_argmax_tokens[parent]
+
+
+def test_plain_decoding_runs_on_a_model_without_heads(capsys, tiny_dirs, tmp_path):
+    target = tmp_path / "no-heads"
+    shutil.copytree(tiny_dirs["llama"], target)
+    for name in ("medusa_heads.safetensors", "medusa_config.json"):
+        (target / name).unlink()
+    code, out, _ = run_cli(capsys, "generate", "--model", str(target), "--prompt", "It is", "--method", "ar",
+                           "--max-new-tokens", "6", "--json")
+    assert code == 0 and len(json.loads(out)["tokens"]) == 6
+    # Medusa itself still says what is missing.
+    code, _, err = run_cli(capsys, "generate", "--model", str(target), "--prompt", "It is")
+    assert code == 2 and "no Medusa heads found" in err
+
+
+def test_a_model_loaded_without_heads_refuses_medusa_clearly(tiny_dirs):
+    mm = load_model(str(tiny_dirs["gpt2"]), with_heads=False)
+    assert mm.heads is None and mm.num_heads == 0
+    assert generate(mm, "It is", DecodeSettings(method="ar", max_new_tokens=3)).tokens
+    with pytest.raises(DecodingError, match="without Medusa heads"):
+        generate(mm, "It is", DecodeSettings(max_new_tokens=3))
+
+
+@pytest.mark.parametrize("seed", [str(2**70), "-1"])
+def test_a_seed_out_of_range_is_a_clear_error(capsys, tiny_dirs, seed):
+    code, _, err = run_cli(capsys, "generate", "--model", str(tiny_dirs["llama"]), "--prompt", "x",
+                           "--acceptance", "sample", "--seed", seed)
+    assert code == 2 and "seed must be a whole number from 0 to 2**64 - 1" in err and "Traceback" not in err
+
+
+def test_help_does_not_import_torch():
+    """`--help` must answer before the seconds it takes to import torch and transformers."""
+    probe = ("import sys\nfrom decoding.cli import main\n"
+             "for argv in (['--help'], ['generate', '--help'], ['bench', '--help']):\n"
+             "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_corpus_command_writes_the_split_train_heads_reads(capsys, tmp_path):
+    source = tmp_path / "book.txt"
+    source.write_text("\n\n".join(f"Paragraph {i} of a small book." for i in range(400)))
+    code, out, _ = run_cli(capsys, "corpus", "--corpus", str(source), "--out", str(tmp_path / "corpus"))
+    assert code == 0
+    train, heldout = (tmp_path / "corpus" / "train.txt").read_text(), (tmp_path / "corpus" / "heldout.txt").read_text()
+    assert "Paragraph 0 of" in train and "Paragraph 399 of" in heldout and "Paragraph 399" not in train

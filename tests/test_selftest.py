@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import BloomConfig, BloomForCausalLM
+from transformers import BloomConfig, BloomForCausalLM, MambaConfig, MambaForCausalLM
 
 from decoding import DecodingError, load_model
 from decoding.loading import MedusaModel
@@ -49,3 +49,12 @@ def test_broken_position_handling_is_caught(tiny_llama, monkeypatch):
     monkeypatch.setattr(tiny_llama.model, "forward", forward_without_positions)
     with pytest.raises(DecodingError, match="position ids"):
         check_tree_attention(tiny_llama)
+
+
+def test_a_recurrent_model_is_refused_with_the_reason(tmp_path):
+    """Mamba keeps a running state, not a key/value row per token: no tree fits in one pass."""
+    MambaForCausalLM(MambaConfig(vocab_size=320, hidden_size=32, num_hidden_layers=2, state_size=8)).save_pretrained(
+        tmp_path)
+    tiny_tokenizer(320).save_pretrained(tmp_path)
+    with pytest.raises(DecodingError, match="linear_attention layers.*one key/value row per token"):
+        load_model(str(tmp_path))
