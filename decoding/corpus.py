@@ -7,7 +7,9 @@ we read that database with the pure-Python ``rdata`` parser so R is not needed.
 
 A narrow, coherent prose corpus is deliberate: a ~7M-parameter model trained
 for an hour on CPU can learn one author's style well enough to write readable
-sentences, whereas a broad mix stays unreadable (design.md section 6).
+sentences, whereas a broad mix stays unreadable (measured on this project's
+CPU: a 5M model on 15 MB of mixed English was still unreadable after 5.5M
+tokens, at a held-out loss of 4.4).
 
 The second corpus, ``stdlib``, is code: the running Python's standard library,
 one document per module, with whole modules held out (see ``build_stdlib_corpus``).

@@ -162,10 +162,11 @@ def embedded_model_title(name: str) -> str:
 
 
 def available_models() -> list[str]:
-    """Embedded models first; the registry's published models only where there is a GPU."""
+    """Embedded models first; then the registry's published models whose weights fit the GPU."""
     names = embedded_models()
     if torch.cuda.is_available():
-        names += list(MODEL_REGISTRY)
+        memory_gb = torch.cuda.get_device_properties(0).total_memory / 1e9
+        names += [name for name, entry in MODEL_REGISTRY.items() if entry.fits(memory_gb)]
     return names
 
 

@@ -21,9 +21,13 @@ class RegistryEntry:
     base: str | None  # hub id of the base model; None when the heads repo is a whole model
     layout: str  # "v0.1" or "v1.0"
     description: str
+    weights_gb: float  # the model's weights in fp16/bf16, the dtype a GPU runs it in
     prompt_template: str = "{prompt}"
     tree: str = "mc_sim_7b_63"
-    needs_gpu: bool = True
+
+    def fits(self, gpu_memory_gb: float) -> bool:
+        """Whether a GPU of this size holds the weights, with a fifth more for the KV cache and activations."""
+        return 1.2 * self.weights_gb <= gpu_memory_gb
 
 
 MODEL_REGISTRY: dict[str, RegistryEntry] = {
@@ -32,6 +36,7 @@ MODEL_REGISTRY: dict[str, RegistryEntry] = {
         base="lmsys/vicuna-7b-v1.3",
         layout="v0.1",
         description="Vicuna-7B v1.3 with the paper's 5 Medusa-1 heads (about 14 GB in fp16)",
+        weights_gb=14,
         prompt_template=VICUNA_TEMPLATE,
     ),
     "medusa-vicuna-13b-v1.3": RegistryEntry(
@@ -39,6 +44,7 @@ MODEL_REGISTRY: dict[str, RegistryEntry] = {
         base="lmsys/vicuna-13b-v1.3",
         layout="v0.1",
         description="Vicuna-13B v1.3 with 5 Medusa-1 heads (about 26 GB in fp16)",
+        weights_gb=26,
         prompt_template=VICUNA_TEMPLATE,
     ),
     "medusa-vicuna-33b-v1.3": RegistryEntry(
@@ -46,6 +52,7 @@ MODEL_REGISTRY: dict[str, RegistryEntry] = {
         base="lmsys/vicuna-33b-v1.3",
         layout="v0.1",
         description="Vicuna-33B v1.3 with 5 Medusa-1 heads (about 65 GB in fp16)",
+        weights_gb=65,
         prompt_template=VICUNA_TEMPLATE,
     ),
     "medusa-1.0-vicuna-7b-v1.5": RegistryEntry(
@@ -53,6 +60,7 @@ MODEL_REGISTRY: dict[str, RegistryEntry] = {
         base=None,
         layout="v1.0",
         description="Vicuna-7B v1.5 trained jointly with its heads (Medusa-2)",
+        weights_gb=14,
         prompt_template=VICUNA_TEMPLATE,
     ),
     "medusa-1.0-zephyr-7b-beta": RegistryEntry(
@@ -60,6 +68,7 @@ MODEL_REGISTRY: dict[str, RegistryEntry] = {
         base=None,
         layout="v1.0",
         description="Zephyr-7B-beta (Mistral) with Medusa heads",
+        weights_gb=15,
         prompt_template=ZEPHYR_TEMPLATE,
     ),
 }

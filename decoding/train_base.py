@@ -8,7 +8,7 @@ offline.
 
 Training is built for a shared 2-core CPU with a wall-clock budget:
 
-* bf16 autocast (about 1.5x faster than fp32 here, design.md section 6);
+* bf16 autocast (about 1.5x faster than fp32 on this project's 2-core development CPU);
 * ``--max-minutes`` stops cleanly and saves; the cosine LR schedule runs on
   *progress* = the larger of step and wall-clock fraction, so the learning rate
   has decayed by the time the budget ends however fast the shared CPU turns out;
@@ -272,7 +272,7 @@ def run(args: argparse.Namespace) -> int:
     if args.resume:
         if not (ckpt_dir / CHECKPOINT_FILE).exists():
             raise DecodingError(f"--resume: no checkpoint at {ckpt_dir / CHECKPOINT_FILE}")
-        resume_state = torch.load(ckpt_dir / CHECKPOINT_FILE, weights_only=False)
+        resume_state = torch.load(ckpt_dir / CHECKPOINT_FILE, weights_only=True)
 
     torch.manual_seed(args.seed)
     train_text, heldout_text = build_corpus(args.corpus)

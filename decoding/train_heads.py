@@ -1,6 +1,6 @@
 """``train-heads``: Medusa-1 head training for any Hugging Face causal LM.
 
-The recipe (design.md section 2):
+The recipe (the Medusa paper's, Cai et al. 2024):
 
 * the base model is frozen: it only supplies, once per batch, the last hidden state — the exact
   tensor its lm_head reads — and the heads learn on top of it;
@@ -552,28 +552,6 @@ def _restore(
     run.losses, run.wall_time_s = state["losses"], state["wall_time_s"]
 
 
-def train_heads(
-    model: PreTrainedModel,
-    token_sequences: Sequence[Sequence[int]],
-    num_heads: int = 5,
-    num_layers: int = 1,
-    steps: int | None = None,
-    lr: float = 1e-3,
-    batch_size: int = 8,
-    weight_decay: float = 0.0,
-    loss_decay: float = 0.8,
-    seed: int = 0,
-    progress: bool = True,
-    **options: Any,
-) -> MedusaHeads:
-    """Medusa-1 heads for a frozen `model`, trained on `token_sequences` (see `fit_heads`)."""
-    return fit_heads(
-        model, token_sequences, num_heads=num_heads, num_layers=num_layers, steps=steps, lr=lr,
-        batch_size=batch_size, weight_decay=weight_decay, loss_decay=loss_decay, seed=seed,
-        progress=progress, **options,
-    ).heads
-
-
 # ----- self-distillation -----------------------------------------------------------------------
 
 
@@ -811,6 +789,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise DecodingError("--steps must be positive (or 0 with --init-heads, to measure them)")
     if args.num_heads < 1 or args.num_layers < 1:
         raise DecodingError("--num-heads and --num-layers must be at least 1")
+    if args.also_v01 and args.shared_lm_head:
+        raise DecodingError("--also-v01 writes heads with a vocabulary projection each; "
+                            "--shared-lm-head heads have none")
     if not 0.0 < args.heldout_fraction < 1.0:
         raise DecodingError("--heldout-fraction must lie strictly between 0 and 1")
     capacity = sum(args.top_k**d for d in range(1, args.num_heads + 1))
@@ -1028,7 +1009,7 @@ def _run(args: argparse.Namespace) -> int:
     }
     run.heads.save(args.out, extra=extra)
     if args.also_v01:
-        save_v01(run.heads, args.out / V01_DIR, args.model)
+        save_v01(run.heads, args.out / V01_DIR, base_model)  # the tuned base, after --joint-lr
     _print_report(before, after, built)
     if args.joint_lr:
         losses = extra["training"]["base_next_token_loss"]

@@ -229,3 +229,37 @@ def assert_one_line_error(capsys, argv: list[str]) -> str:
     assert code == 2 and "Traceback" not in err and last.startswith("error: "), err
     assert err.count("error: ") == 1, err
     return last
+
+
+@pytest.mark.parametrize("gpu_gb, offered", [
+    (24, {"medusa-vicuna-7b-v1.3", "medusa-1.0-vicuna-7b-v1.5", "medusa-1.0-zephyr-7b-beta"}),
+    (40, {"medusa-vicuna-7b-v1.3", "medusa-1.0-vicuna-7b-v1.5", "medusa-1.0-zephyr-7b-beta",
+          "medusa-vicuna-13b-v1.3"}),
+    (80, {"medusa-vicuna-7b-v1.3", "medusa-1.0-vicuna-7b-v1.5", "medusa-1.0-zephyr-7b-beta",
+          "medusa-vicuna-13b-v1.3", "medusa-vicuna-33b-v1.3"}),
+])
+def test_published_models_are_offered_where_their_weights_fit(monkeypatch, gpu_gb, offered):
+    """A 24 GB GPU gets the 7B models, not the 13B (26 GB of weights) or the 33B (65 GB)."""
+    from types import SimpleNamespace
+
+    from decoding import MODEL_REGISTRY, available_models, embedded_models
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=gpu_gb * 1e9))
+    names = available_models()
+    assert names[: len(embedded_models())] == embedded_models()
+    assert set(names) & set(MODEL_REGISTRY) == offered
+
+
+def test_the_draft_projection_follows_the_heads(tiny_llama):
+    """It is cached per model; swapping the heads must drop the old heads' projection."""
+    original = tiny_llama.heads
+    fresh = type(tiny_llama).draft_lm_head.func  # the computation the cache remembers
+    assert type(tiny_llama.draft_lm_head) is type(fresh(tiny_llama))
+    try:
+        tiny_llama.heads = MedusaHeads(HeadsConfig(2, 1, 64, 320, shared_lm_head=True))
+        assert "draft_lm_head" not in vars(tiny_llama)
+        assert type(tiny_llama.draft_lm_head) is type(fresh(tiny_llama))
+    finally:
+        tiny_llama.heads = original
+    assert "draft_lm_head" not in vars(tiny_llama)

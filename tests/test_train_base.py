@@ -143,7 +143,7 @@ def test_resume_continues_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     with pytest.raises(KeyboardInterrupt):
         train_base.run(tiny_args(interrupted, "--max-steps", "20", "--save-every", "10"))
     monkeypatch.setattr(train_base, "save_checkpoint", real_save)
-    state = torch.load(interrupted / "model" / "checkpoint" / "state.pt", weights_only=False)
+    state = torch.load(interrupted / "model" / "checkpoint" / "state.pt", weights_only=True)
     assert state["step"] == 10
 
     assert train_base.run(
@@ -178,7 +178,7 @@ def test_best_heldout_weights_are_kept_and_bf16_saving_leaves_training_in_fp32(t
     assert {t.dtype for t in final.values()} == {torch.bfloat16}
     assert "lm_head.weight" not in final  # tied to the input embeddings: stored once
     assert {t.dtype for t in load_file(str(out / "best" / "model.safetensors")).values()} == {torch.bfloat16}
-    trained = torch.load(out / "checkpoint" / "state.pt", weights_only=False)["model"]
+    trained = torch.load(out / "checkpoint" / "state.pt", weights_only=True)["model"]
     name = "model.layers.0.mlp.down_proj.weight"
     assert trained[name].dtype == torch.float32
     assert not torch.equal(trained[name], trained[name].to(torch.bfloat16).float())  # never rounded

@@ -340,6 +340,16 @@ def test_cli_refuses_bad_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "--data" in capsys.readouterr().err
 
 
+def test_v01_output_of_shared_lm_head_heads_is_refused_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "text.txt").write_text("some text")
+    args = cli_parser().parse_args(["--model", "x", "--out", str(tmp_path / "out"), "--data", str(tmp_path / "text.txt"),
+                                    "--shared-lm-head", "--also-v01"])
+    assert th.run(args) == 2  # before the model "x" is even looked for
+    assert "--also-v01" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
 def test_medusa2_tunes_the_base_with_the_heads_and_decodes_losslessly(
     cli_run: tuple[Path, Path, list[str]], tmp_path: Path
 ) -> None:
@@ -348,7 +358,7 @@ def test_medusa2_tunes_the_base_with_the_heads_and_decodes_losslessly(
     out = tmp_path / "medusa2"
     (out / th.CHECKPOINT_DIR).mkdir(parents=True)
     shutil.copy(medusa1 / th.CHECKPOINT_DIR / th.DATA_FILE, out / th.CHECKPOINT_DIR)  # same data
-    joint = [a for a in argv if a != "--also-v01"]
+    joint = list(argv)  # --also-v01 included: its config must name the tuned base
     joint[joint.index("--out") + 1] = str(out)
     joint += ["--resume", "--init-heads", str(medusa1), "--joint-lr", "1e-3", "--save-dtype", "bfloat16"]
     assert th.run(cli_parser().parse_args(joint)) == 0
@@ -356,6 +366,7 @@ def test_medusa2_tunes_the_base_with_the_heads_and_decodes_losslessly(
     heads, meta = MedusaHeads.load(out)
     tuned = out / th.TUNED_BASE_DIR
     assert meta["base_model"] == str(tuned)
+    assert json.loads((out / th.V01_DIR / "config.json").read_text())["base_model_name_or_path"] == str(tuned)
     losses = meta["training"]["base_next_token_loss"]
     assert losses["after"] < losses["before"]  # on its own continuations it only gets surer
     assert meta["training"]["heldout_loss"] < MedusaHeads.load(medusa1)[1]["training"]["heldout_loss"]
