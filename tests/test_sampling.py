@@ -1,5 +1,12 @@
 """Speculative sampling over the tree keeps the base model's distribution; typical acceptance
-follows its own rule (and, as the negative control shows, does not keep the distribution)."""
+follows its own rule and, as the negative control shows, does not keep the distribution.
+
+The acceptance functions are tested directly, with many draws. A table plays the model: a row
+of logits after every prefix. One draw is one round over a fixed tree of guesses, followed by a
+plain draw from the table for whatever the round left: the first two tokens after the root are
+then compared, by a chi-square test, with the joint distribution worked out from the table by
+hand. One small end-to-end run checks the same through `generate`.
+"""
 
 from __future__ import annotations
 
@@ -16,10 +23,59 @@ from decoding.acceptance import speculative_accept, typical_accept
 from decoding.heads import HeadsConfig, MedusaHeads
 from decoding.loading import MedusaModel
 
-WORDS = ["a", "b", "c", "d", "e", "f"]
-TEMPERATURE, TOP_P = 0.9, 0.95
-SAMPLES = 1500
-FIRST_TOKENS = 3  # token 1 comes from prefill; tokens 2 and 3 pass through the tree
+VOCAB = 5
+TEMPERATURE, TOP_P = 0.9, 0.9
+DRAWS = 5000  # enough: a sampler that forgets to zero a rejected guess scores ~700, the bar ~32
+# Two guesses for the token after the root, and guesses below them: likely and unlikely ones
+# (their probabilities under LOGITS, from `nucleus`: node 1 0.88, node 2 0.12, node 3 0.90,
+# node 4 0.10, node 5 0.34).
+TREE = Tree.from_choices([[0], [1], [0, 0], [0, 1], [1, 0]], num_heads=2)
+NODE_TOKENS = [0, 1, 0, 0, 4, 2]  # the root, then nodes 1..5 in the tree's order
+
+
+def _table() -> dict[tuple[int, ...], list[float]]:
+    """Logits after every prefix of up to two tokens (the root not counted)."""
+    generator = torch.Generator().manual_seed(11)
+    prefixes = [p for n in range(3) for p in itertools.product(range(VOCAB), repeat=n)]
+    return {p: (1.5 * torch.randn(VOCAB, generator=generator)).tolist() for p in prefixes}
+
+
+LOGITS = _table()
+
+
+def nucleus(logits: list[float], temperature: float = TEMPERATURE, top_p: float = TOP_P) -> list[float]:
+    """Softmax at `temperature`, then only the most likely tokens until their mass reaches top_p,
+    renormalised. Written out here, independently of `acceptance.sampling_distribution`."""
+    weights = [math.exp(x / temperature) for x in logits]
+    probs = [w / sum(weights) for w in weights]
+    kept, mass = [], 0.0
+    for token in sorted(range(len(probs)), key=lambda t: -probs[t]):
+        if mass >= top_p:
+            break
+        kept.append(token)
+        mass += probs[token]
+    return [probs[t] / mass if t in kept else 0.0 for t in range(len(probs))]
+
+
+def expected_joint() -> dict[tuple[int, int], float]:
+    return {(a, b): nucleus(LOGITS[()])[a] * nucleus(LOGITS[(a,)])[b]
+            for a in range(VOCAB) for b in range(VOCAB)}
+
+
+def tree_logits() -> torch.Tensor:
+    """What a verify pass over TREE gives: row i is the table's row after the tokens down to node i."""
+    prefixes = [tuple(NODE_TOKENS[n] for n in TREE.path_to(node)[1:]) for node in range(TREE.size)]
+    return torch.tensor([LOGITS[p] for p in prefixes])
+
+
+def first_two_tokens(accept, logits: torch.Tensor, generator: torch.Generator) -> tuple[int, int]:
+    """One round over TREE with `accept`, then, if it wrote only one token, one plain draw."""
+    verdict = accept(TREE, NODE_TOKENS, logits, generator)
+    written = [NODE_TOKENS[n] for n in verdict.accepted_nodes[1:]] + [verdict.next_token]
+    if len(written) == 1:  # the next round would choose the second token: draw it from the table
+        written.append(int(torch.multinomial(torch.tensor(nucleus(LOGITS[tuple(written)])), 1,
+                                             generator=generator)))
+    return written[0], written[1]
 
 
 def chi2_critical(dof: int, z: float = 4.26) -> float:
@@ -27,9 +83,84 @@ def chi2_critical(dof: int, z: float = 4.26) -> float:
     return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
 
 
+def chi_square(counts: dict, probs: dict, draws: int) -> tuple[float, int]:
+    """Pearson's statistic over cells with an expected count of at least 5 (the rest pooled)."""
+    stat, dof, pooled_obs, pooled_exp = 0.0, -1, 0, 0.0
+    for cell, p in probs.items():
+        expected, observed = draws * p, counts.get(cell, 0)
+        if expected >= 5:
+            stat += (observed - expected) ** 2 / expected
+            dof += 1
+        else:
+            pooled_obs, pooled_exp = pooled_obs + observed, pooled_exp + expected
+    if pooled_exp > 0:
+        stat += (pooled_obs - pooled_exp) ** 2 / pooled_exp
+        dof += 1
+    return stat, dof
+
+
+def count_draws(accept) -> dict[tuple[int, int], int]:
+    generator = torch.Generator().manual_seed(0)
+    logits = tree_logits()
+    counts: dict[tuple[int, int], int] = {}
+    for _ in range(DRAWS):
+        pair = first_two_tokens(accept, logits, generator)
+        counts[pair] = counts.get(pair, 0) + 1
+    return counts
+
+
+def test_the_tree_has_likely_and_unlikely_guesses():
+    """Otherwise the test below would exercise only acceptance, or only rejection."""
+    root = nucleus(LOGITS[()])
+    guessed = [root[NODE_TOKENS[1]], root[NODE_TOKENS[2]]]
+    assert max(guessed) > 0.3 and min(guessed) < 0.3
+
+
+def test_speculative_sampling_keeps_the_distribution():
+    def accept(tree, tokens, logits, generator):
+        return speculative_accept(tree, tokens, logits, TEMPERATURE, TOP_P, generator)
+
+    stat, dof = chi_square(count_draws(accept), expected_joint(), DRAWS)
+    assert stat < chi2_critical(dof), f"chi2 {stat:.1f} with {dof} dof"
+
+
+def test_typical_acceptance_fails_the_same_test():
+    """Negative control: the test above has the power to catch a scheme that changes the output."""
+    def accept(tree, tokens, logits, generator):
+        return typical_accept(tree, tokens, logits, TEMPERATURE, 0.3, 0.9, generator)
+
+    stat, dof = chi_square(count_draws(accept), expected_joint(), DRAWS)
+    assert stat > chi2_critical(dof)
+
+
+def test_typical_acceptance_rule_by_hand():
+    """p(x) > min(epsilon, delta * exp(-H)), with the thresholds worked out by hand below."""
+    tree = Tree.from_choices([[0], [1], [0, 0]], num_heads=2)
+    probs = torch.tensor([[0.7, 0.2, 0.1, 1e-9], [0.97, 0.01, 0.01, 0.01], [0.9, 0.05, 0.05, 1e-9],
+                          [0.25, 0.25, 0.25, 0.25]])
+    logits = probs.log()
+    generator = torch.Generator().manual_seed(0)
+    # Root row: H = 0.802 nats, 0.3 * exp(-H) = 0.135 < epsilon 0.15, so the bar is 0.135.
+    # Node 1's row: H = 0.168 nats, 0.3 * exp(-H) = 0.254, so the bar is epsilon, 0.15.
+    # The root's children guess tokens 1 (p = 0.2, passes) and 2 (p = 0.1, fails); node 3, under
+    # node 1, guesses token 3 (p = 0.01, fails).
+    assert typical_accept(tree, [0, 1, 2, 3], logits, 1.0, 0.15, 0.3, generator).accepted_nodes == [0, 1]
+    # Node 3 guessing token 0 (p = 0.97) passes, and the longer path wins.
+    assert typical_accept(tree, [0, 1, 2, 0], logits, 1.0, 0.15, 0.3, generator).accepted_nodes == [0, 1, 3]
+    # At epsilon 0.05 both children of the root pass (0.2 and 0.1 > 0.05); equally long paths go
+    # to the higher log-probability: token 0 (p = 0.7) over token 2 (p = 0.1).
+    flat = Tree.from_choices([[0], [1]], num_heads=1)
+    assert typical_accept(flat, [0, 2, 0], logits[:3], 1.0, 0.05, 0.3, generator).accepted_nodes == [0, 2]
+
+
+# ----- end to end, small: the same property through `generate` on a real (tiny) model -----
+WORDS = ["a", "b", "c", "d", "e", "f"]
+SAMPLES = 300
+
+
 @pytest.fixture(scope="module")
 def word_model() -> MedusaModel:
-    """A 6-token model: small enough to work out its exact joint distribution over 3 tokens."""
+    """A 6-token model: small enough to work out its exact distribution over two tokens."""
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="a"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok)
@@ -46,103 +177,19 @@ def word_model() -> MedusaModel:
     )
 
 
-def exact_distribution(mm: MedusaModel, prompt_ids: list[int]) -> dict[tuple[int, ...], float]:
-    """P(t1, t2, t3) under plain sampling, from the model's own (temperature, top-p) distributions."""
-    from decoding.acceptance import sampling_distribution
-
-    probs: dict[tuple[int, ...], float] = {}
+def test_speculative_sampling_end_to_end(word_model):
+    """Token 1 comes from the prefill, token 2 from a round over the tree."""
+    prompt_ids = word_model.tokenizer("a b c").input_ids
+    probs = {}
     with torch.no_grad():
-        for seq in itertools.product(range(len(WORDS)), repeat=FIRST_TOKENS):
-            ids = torch.tensor([prompt_ids + list(seq)])
-            rows = sampling_distribution(mm.model(ids).logits[0], TEMPERATURE, TOP_P)
-            p = 1.0
-            for i, token in enumerate(seq):
-                p *= rows[len(prompt_ids) - 1 + i, token].item()
-            probs[seq] = p
-    return probs
-
-
-def empirical_counts(mm: MedusaModel, settings: DecodeSettings) -> dict[tuple[int, ...], int]:
+        for pair in itertools.product(range(len(WORDS)), repeat=2):
+            rows = word_model.model(torch.tensor([prompt_ids + list(pair)])).logits[0].tolist()
+            probs[pair] = (nucleus(rows[len(prompt_ids) - 1])[pair[0]] * nucleus(rows[len(prompt_ids)])[pair[1]])
     counts: dict[tuple[int, ...], int] = {}
     for seed in range(SAMPLES):
-        settings.seed = seed
-        key = tuple(generate(mm, "a b c", settings).tokens[:FIRST_TOKENS])
-        counts[key] = counts.get(key, 0) + 1
-    return counts
-
-
-def chi_square(counts, probs) -> tuple[float, int]:
-    """Pearson's statistic over cells with an expected count of at least 5 (the rest pooled)."""
-    stat, dof, pooled_obs, pooled_exp = 0.0, -1, 0, 0.0
-    for cell, p in probs.items():
-        expected, observed = SAMPLES * p, counts.get(cell, 0)
-        if expected >= 5:
-            stat += (observed - expected) ** 2 / expected
-            dof += 1
-        else:
-            pooled_obs, pooled_exp = pooled_obs + observed, pooled_exp + expected
-    if pooled_exp > 0:
-        stat += (pooled_obs - pooled_exp) ** 2 / pooled_exp
-        dof += 1
-    return stat, dof
-
-
-def test_speculative_sampling_matches_plain_sampling(word_model):
-    probs = exact_distribution(word_model, word_model.tokenizer("a b c").input_ids)
-    settings = DecodeSettings(max_new_tokens=FIRST_TOKENS, acceptance="sample",
-                              temperature=TEMPERATURE, top_p=TOP_P, detailed_trace=False)
-    counts = empirical_counts(word_model, settings)
-    stat, dof = chi_square(counts, probs)
+        settings = DecodeSettings(max_new_tokens=2, acceptance="sample", temperature=TEMPERATURE, top_p=TOP_P,
+                                  seed=seed, detailed_trace=False)
+        pair = tuple(generate(word_model, "a b c", settings).tokens)
+        counts[pair] = counts.get(pair, 0) + 1
+    stat, dof = chi_square(counts, probs, SAMPLES)
     assert stat < chi2_critical(dof), f"chi2 {stat:.1f} with {dof} dof"
-
-
-def test_typical_acceptance_fails_the_same_test(word_model):
-    """Negative control: the test above has the power to catch a scheme that changes the output."""
-    probs = exact_distribution(word_model, word_model.tokenizer("a b c").input_ids)
-    settings = DecodeSettings(max_new_tokens=FIRST_TOKENS, acceptance="typical", temperature=TEMPERATURE,
-                              top_p=TOP_P, epsilon=0.3, delta=0.9, detailed_trace=False)
-    counts = empirical_counts(word_model, settings)
-    stat, dof = chi_square(counts, probs)
-    assert stat > chi2_critical(dof)
-
-
-def test_speculative_accept_first_token_is_exact():
-    """One verify step, many draws: the token after the root has exactly the root's distribution,
-    whether or not it was among the guesses."""
-    tree = Tree.from_choices([[0], [1], [0, 0]], num_heads=2)
-    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0], [0.0, 3.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], [0.0] * 4])
-    node_tokens = [0, 1, 0, 2]  # node 1 guesses token 1, node 2 token 0, node 3 (under 1) token 2
-    generator = torch.Generator().manual_seed(0)
-    draws = 20000
-    counts = torch.zeros(4)
-    for _ in range(draws):
-        verdict = speculative_accept(tree, node_tokens, logits, 1.0, 1.0, generator)
-        first = node_tokens[verdict.accepted_nodes[1]] if len(verdict.accepted_nodes) > 1 else verdict.next_token
-        counts[first] += 1
-    expected = torch.softmax(logits[0], dim=-1)
-    assert torch.allclose(counts / draws, expected, atol=0.015)
-
-
-def test_typical_acceptance_rule_by_hand():
-    # Root row: p = [0.7, 0.2, 0.1, 0.0...]: entropy H; threshold = min(eps, delta * exp(-H)).
-    tree = Tree.from_choices([[0], [1], [0, 0]], num_heads=2)
-    probs = torch.tensor([[0.7, 0.2, 0.1, 1e-9], [0.97, 0.01, 0.01, 0.01], [0.9, 0.05, 0.05, 1e-9],
-                          [0.25, 0.25, 0.25, 0.25]])
-    logits = probs.log()
-    entropy = -(probs * probs.log()).sum(-1)
-    generator = torch.Generator().manual_seed(0)
-    eps, delta = 0.15, 0.3
-    bar_root = min(eps, delta * math.exp(-entropy[0].item()))
-    bar_1 = min(eps, delta * math.exp(-entropy[1].item()))
-    # Children of the root guess tokens 1 (p=0.2) and 2 (p=0.1); node 3 under node 1 guesses token 3.
-    assert 0.2 > bar_root and not 0.1 > bar_root  # node 1 passes, node 2 fails
-    verdict = typical_accept(tree, [0, 1, 2, 3], logits, 1.0, eps, delta, generator)
-    assert not 0.01 > bar_1  # node 3's token 3 has p = 0.01 under node 1: it fails
-    assert verdict.accepted_nodes == [0, 1]
-    # Now make node 3 guess token 0 (p = 0.97): it passes and the longer path wins.
-    verdict = typical_accept(tree, [0, 1, 2, 0], logits, 1.0, eps, delta, generator)
-    assert verdict.accepted_nodes == [0, 1, 3]
-    # Ties in length go to the higher summed log-probability: both children pass at eps = 0.05.
-    flat = Tree.from_choices([[0], [1]], num_heads=1)
-    verdict = typical_accept(flat, [0, 2, 0], logits[:3], 1.0, 0.05, delta, generator)
-    assert verdict.accepted_nodes == [0, 2]  # p(token 0) = 0.7 beats p(token 2) = 0.1
