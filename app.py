@@ -5,7 +5,7 @@ Model work waits in one queue, so concurrent visitors take turns and none is dro
 """
 
 import app.gpu  # noqa: F401  (first: on a ZeroGPU Space, `spaces` must load before torch)
-from app.ui import build_demo, launch_options
+from app.layout import build_demo, launch_options
 
 demo = build_demo()
 

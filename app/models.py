@@ -1,20 +1,29 @@
-"""Which models the app offers, and loading each one once for every visitor.
+"""Which models the page offers, and a small cache that loads each one once for every visitor.
 
-The engine's `available_models()` lists the embedded models first, then, where a GPU is present,
-the registry's published Medusa models. If no embedded model exists yet (a fresh clone before the
-heads are trained), the app still starts, on a tiny random model the engine can build in a second:
-its text is gibberish, but every view works.
+The engine's `available_models()` lists the models that can load here: the embedded ones (a
+wheel model such as SmolLM2 once it is fetched) and, where a GPU is present, the registry's
+published Medusa models. The page offers exactly those, and refuses any other name, from the
+menu or from the API: on a public server a visitor must not make it download or read other
+models. A wheel model that is not fetched yet is named in the menu with the command that gets it.
+If no embedded model exists (a fresh clone before the heads are trained), the page still starts
+on a tiny random model the engine builds in a second: gibberish, but every view works.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import threading
+from collections import OrderedDict
 from pathlib import Path
 
-from decoding import (MODEL_REGISTRY, DecodeSettings, DecodingError, MedusaModel, available_models,
-                      embedded_model_title, embedded_models, generate, load_model)
+from decoding.errors import DecodingError
+from decoding.generate import generate
+from decoding.loading import (EMBEDDED_MODELS_DIR, OWN_HEADS_CONFIG, MedusaModel, available_models,
+                              embedded_model_title, embedded_models, load_model)
+from decoding.registry import MODEL_REGISTRY
+from decoding.settings import DecodeSettings
 from decoding.tiny import make_tiny_model_dir
 
 from .gpu import ON_ZERO_GPU
@@ -22,17 +31,39 @@ from .gpu import ON_ZERO_GPU
 # Set to a model name or directory to make it the default (the tests point it at a tiny model).
 MODEL_ENV = "MEDUSA_PLAYGROUND_MODEL"
 TINY = "tiny-random"
+PREFERRED_DEFAULT = "smollm2"  # the real chat model, where it has been fetched
+KEEP_MODELS = 2  # loaded models kept in memory; the least recently used one goes first
 
 
-def model_choices() -> list[tuple[str, str]]:
-    """(label, name) pairs for the model dropdown, default first."""
+def _wheel_models() -> dict[str, str]:
+    """Wheel models and why each is missing, for those not fetched yet (none if the engine has none)."""
+    try:
+        from decoding.fetch import WHEEL_MODELS, is_fetched, not_fetched_message
+    except ImportError:
+        return {}
+    return {name: not_fetched_message(name) for name in WHEEL_MODELS if not is_fetched(name)}
+
+
+def offered_models() -> list[str]:
+    """The names the page offers and will load, default first."""
     names = available_models()
     override = os.environ.get(MODEL_ENV)
     if override:
-        names = [override] + [n for n in names if n != override]
-    if not names:
-        names = [TINY]
-    return [(describe(name), name) for name in names]
+        return [override] + [n for n in names if n != override]
+    if PREFERRED_DEFAULT in names:
+        names = [PREFERRED_DEFAULT] + [n for n in names if n != PREFERRED_DEFAULT]
+    return names or [TINY]
+
+
+def missing_models() -> dict[str, str]:
+    """Models the page would offer once fetched, each with the command that fetches it."""
+    offered = set(offered_models())
+    return {name: why for name, why in _wheel_models().items() if name not in offered}
+
+
+def model_choices() -> list[tuple[str, str]]:
+    """(label, name) pairs for the model menu, default first."""
+    return [(describe(name), name) for name in offered_models()]
 
 
 def describe(name: str) -> str:
@@ -44,20 +75,68 @@ def describe(name: str) -> str:
     return f"{name} — {entry.description}" if entry else name
 
 
-class ModelCache:
-    """Loads each model once and hands the same object to every visitor."""
+def require_offered(name: str) -> str:
+    """`name` if the page offers it; else a DecodingError naming what it does offer."""
+    offered = offered_models()
+    if name in offered:
+        return name
+    why = missing_models().get(name)
+    if why:
+        raise DecodingError(why)
+    raise DecodingError(f"model {name!r} is not offered here; choose one of: {', '.join(offered)}")
 
-    def __init__(self) -> None:
-        self._models: dict[str, MedusaModel] = {}
+
+def heads_recipe(name: str) -> str | None:
+    """"medusa-2" if an embedded model's base was tuned with its heads, "medusa-1" if it stayed
+    frozen, None if the model's heads config does not say (published models, directories)."""
+    config = EMBEDDED_MODELS_DIR / name / OWN_HEADS_CONFIG
+    if not config.is_file():
+        return None
+    training = json.loads(config.read_text(encoding="utf-8")).get("training")
+    if not isinstance(training, dict):
+        return None
+    tuned = "base_next_token_loss" in training or "--joint-lr" in str(training.get("command", ""))
+    return "medusa-2" if tuned else "medusa-1"
+
+
+class ModelCache:
+    """Loads each model once and hands the same object to every visitor; keeps the last `keep`.
+
+    Loading takes seconds to minutes, so it happens outside the cache's lock: a visitor asking for
+    a loaded model never waits for another visitor's load. Two visitors asking for the same new
+    model wait for one load (a lock per name).
+    """
+
+    def __init__(self, keep: int = KEEP_MODELS) -> None:
+        self.keep = keep
+        self._models: OrderedDict[str, MedusaModel] = OrderedDict()
         self._lock = threading.Lock()
+        self._loading: dict[str, threading.Lock] = {}
         self._tiny_dir: Path | None = None
 
     def get(self, name: str) -> MedusaModel:
         """The loaded model, or DecodingError with a message for the page."""
         with self._lock:
-            if name not in self._models:
-                self._models[name] = self._load(name)
-            return self._models[name]
+            if name in self._models:
+                self._models.move_to_end(name)
+                return self._models[name]
+            name_lock = self._loading.setdefault(name, threading.Lock())
+        with name_lock:
+            with self._lock:
+                if name in self._models:  # loaded by the visitor we waited for
+                    return self._models[name]
+            model = self._load(name)
+            with self._lock:
+                self._models[name] = model
+                while len(self._models) > self.keep:
+                    self._models.popitem(last=False)
+                self._loading.pop(name, None)
+            return model
+
+    def loaded(self) -> list[str]:
+        """Names in memory, least recently used first."""
+        with self._lock:
+            return list(self._models)
 
     def _load(self, name: str) -> MedusaModel:
         if name == TINY:

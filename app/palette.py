@@ -16,6 +16,10 @@ BLOCKED = "#F1F5F9"
 ALLOWED = "#93C5FD"
 AR = "#64748B"
 MEDUSA = "#4F46E5"
+INK = "#0F172A"  # text
+INK_FADED = "#94A3B8"  # text of rejected nodes
+INK_FADED_STRONG = "#64748B"  # the same on a projector, which washes out pale greys
+REJECTED_STRONG = "#94A3B8"
 FONT = "Inter, ui-sans-serif, system-ui, sans-serif"
 
 

@@ -26,7 +26,10 @@ SCREENSHOTS = ROOT / "assets" / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
-VIEWPORT = {"width": 1280, "height": 800}
+LAPTOP = {"width": 1280, "height": 800}
+PROJECTOR = {"width": 1920, "height": 1080}
+SMALL_PROJECTOR = {"width": 1280, "height": 720}
+PHONE = {"width": 390, "height": 844}
 
 
 def free_port() -> int:
@@ -74,10 +77,10 @@ def _wait_until_up(proc: subprocess.Popen, url: str, timeout: float, log) -> Non
 
 
 @contextmanager
-def browser_page(playwright) -> Iterator:
+def browser_page(playwright, viewport: dict[str, int] = LAPTOP) -> Iterator:
     browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
     try:
-        yield browser.new_page(viewport=VIEWPORT)
+        yield browser.new_page(viewport=viewport)
     finally:
         browser.close()
 
@@ -114,12 +117,47 @@ def run_prompt(page, prompt: str | None = None, timeout_ms: int = 60_000) -> flo
     return first_tree
 
 
-def run_race(page, timeout_ms: int = 120_000) -> str:
-    """Press Race; wait for the verdict; returns the race summary text."""
+def run_race(page, races: int | None = None, timeout_ms: int = 300_000) -> str:
+    """Press Race; wait for the verdict; returns it."""
+    if races is not None:
+        open_tab(page, "Race")
+        count = page.locator("#race-count input[type=number]")
+        count.fill(str(races))
+        count.press("Enter")
     page.click("#race-button")
     page.wait_for_function(
-        "document.querySelector('#race-summary')?.innerText.includes('passes')", timeout=timeout_ms)
+        "document.querySelector('#race-status')?.innerText.includes('Done')", timeout=timeout_ms)
     return page.locator("#race-summary").inner_text()
+
+
+IN_VIEW = """(sel) => { const r = document.querySelector(sel).getBoundingClientRect();
+  const seen = Math.min(r.bottom, window.innerHeight) - Math.max(r.top, 0);
+  return r.height > 0 ? Math.max(0, seen) / r.height : 0; }"""
+
+
+def in_view(page, selector: str, at_least: float = 1.0, timeout_ms: int = 5_000) -> float:
+    """The share of the element's height inside the viewport, as the page is scrolled, once it
+    reaches `at_least` (the page may still be scrolling or drawing) or the time is up."""
+    from playwright.sync_api import TimeoutError as Timeout
+
+    try:
+        page.wait_for_function(f"({IN_VIEW})({selector!r}) >= {at_least}", timeout=timeout_ms)
+    except Timeout:  # report the share as it is
+        pass
+    return page.evaluate(IN_VIEW, selector)
+
+
+def overlapping_labels(page, elem_id: str) -> int:
+    """How many pairs of the figure's text labels overlap on screen."""
+    return page.evaluate("""(id) => {
+      const boxes = [...document.querySelectorAll(`#${id} .textpoint text`)]
+        .map((t) => t.getBoundingClientRect()).filter((r) => r.width > 0);
+      let pairs = 0;
+      for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
+        const a = boxes[i], b = boxes[j];
+        if (a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 && b.top < a.bottom - 1) pairs++;
+      }
+      return pairs; }""", elem_id)
 
 
 def open_tab(page, name: str) -> None:
@@ -140,26 +178,57 @@ def shoot(page, path: Path, full_page: bool = True) -> Path:
     return path
 
 
-def photograph_every_view(page, folder: Path, prompt: str | None = None) -> list[Path]:
-    """Run, race, then photograph each tab (the walkthrough at the tree-and-mask step)."""
+def open_app(page, url: str) -> None:
+    page.goto(url)
+    page.wait_for_selector("#run-button", timeout=120_000)
+    page.wait_for_timeout(1000)  # the sidebar closes on narrow screens after the first paint
+
+
+def set_tree(page, preset: str) -> None:
+    """Choose a tree preset in the sidebar (opening it if it is closed)."""
+    if not page.locator(".sidebar.open").count():
+        page.click(".sidebar .toggle-button")
+    page.locator("#tree-preset input").fill(preset)
+    page.keyboard.press("Enter")
+    page.wait_for_timeout(800)
+
+
+def photograph_laptop(page, url: str, folder: Path, prompt: str | None) -> list[Path]:
+    """1280x800: the page on arrival, after Run (one screen), the race, stats and the walkthrough."""
+    open_app(page, url)
     shots = [shoot(page, folder / "01-start.png", full_page=False)]
-    first_tree = run_prompt(page, prompt)
-    print(f"first tree drawn {first_tree:.2f} s after pressing Run")
-    page.locator("#tree-plot").scroll_into_view_if_needed()
-    shots.append(shoot(page, folder / "02-playground.png"))
+    print(f"first tree drawn {run_prompt(page, prompt):.2f} s after pressing Run")
+    shots.append(shoot(page, folder / "02-playground.png", full_page=False))
     print(run_race(page))
     page.wait_for_timeout(800)
-    shots.append(shoot(page, folder / "03-race.png"))
+    shots.append(shoot(page, folder / "03-race.png", full_page=False))
     open_tab(page, "Stats")
     shots.append(shoot(page, folder / "04-stats.png"))
     open_tab(page, "Learn")
     walk_to_step(page, 4)
     shots.append(shoot(page, folder / "05-learn.png"))
-    open_tab(page, "Playground")
-    page.click("#class-mode input")
-    page.wait_for_timeout(1500)
-    shots.append(shoot(page, folder / "06-class-mode.png", full_page=False))
     return shots
+
+
+def photograph_projector(page, url: str, path: Path, prompt: str | None, tree: str | None) -> Path:
+    """Projector mode on the given screen, after a run on the given tree preset."""
+    open_app(page, url)
+    if tree:
+        set_tree(page, tree)
+    page.click("#projector input")
+    page.wait_for_timeout(800)
+    run_prompt(page, prompt)
+    page.wait_for_timeout(1000)
+    return shoot(page, path, full_page=False)
+
+
+def photograph_phone(page, url: str, folder: Path, prompt: str | None) -> list[Path]:
+    open_app(page, url)
+    shots = [shoot(page, folder / "08-phone-start.png", full_page=False)]
+    run_prompt(page, prompt)
+    page.locator("#tree-plot").scroll_into_view_if_needed()
+    page.wait_for_timeout(800)
+    return shots + [shoot(page, folder / "09-phone-tree.png", full_page=False)]
 
 
 def main() -> None:
@@ -169,12 +238,20 @@ def main() -> None:
     parser.add_argument("--model", help="model name or directory (default: the embedded model)")
     parser.add_argument("--out", type=Path, default=SCREENSHOTS)
     parser.add_argument("--prompt", help="prompt to run (default: the first example)")
+    parser.add_argument("--big-tree", default="mc_sim_7b_63", help="tree preset for the 1920x1080 projector view")
     args = parser.parse_args()
-    with running_app(args.model) as url, sync_playwright() as playwright, browser_page(playwright) as page:
-        page.goto(url)
-        page.wait_for_selector("#run-button")
-        for path in photograph_every_view(page, args.out, args.prompt):
-            print(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
+    with running_app(args.model) as url, sync_playwright() as playwright:
+        with browser_page(playwright, LAPTOP) as page:
+            shots = photograph_laptop(page, url, args.out, args.prompt)
+        with browser_page(playwright, PROJECTOR) as page:
+            shots.append(photograph_projector(page, url, args.out / "06-projector-1920.png", args.prompt,
+                                              args.big_tree))
+        with browser_page(playwright, SMALL_PROJECTOR) as page:
+            shots.append(photograph_projector(page, url, args.out / "07-projector-1280x720.png", args.prompt, None))
+        with browser_page(playwright, PHONE) as page:
+            shots += photograph_phone(page, url, args.out, args.prompt)
+    for path in shots:
+        print(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
 
 
 if __name__ == "__main__":

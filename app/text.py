@@ -1,24 +1,31 @@
-"""The Learn walkthrough: Markdown steps in assets/explainer, filled in with this run's numbers.
+"""Texts of the page: the Learn walkthrough (assets/explainer) and the fixed texts (assets/texts).
 
 Each step file starts with a `# Title` line, a `<!-- label: Short -->` line (the step's name in
 the step bar, where long titles would collide) and a `<!-- shows: VIEW -->` line naming the live
 view it explains; the rest is Markdown in which `{{name}}` is replaced by a number from the run
-(see `explainer_values`). Until a run exists, numbers show as "—".
+(see `explainer_values`). Until a run exists, numbers show as "—". Every token quoted from a run
+is escaped (`md_code`): model output never becomes Markdown or HTML.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
+from decoding.stats import round_cost, verify_cost
 from decoding.trace import RunTrace
 
-from .figures import acceptance_by_depth, pass_cost_ratio, round_cost_parts, seconds_per_pass, speedup
-from .tokens import visible
+from .charts import acceptance_by_depth
+from .models import heads_recipe
+from .race import RaceResult
+from .tokens import md_code, md_text
 from .tree_layout import leaf_count
 
-EXPLAINER_DIR = Path(__file__).resolve().parent.parent / "assets" / "explainer"
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+EXPLAINER_DIR = ASSETS / "explainer"
+TEXTS_DIR = ASSETS / "texts"
 PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 COMMENT = re.compile(r"<!--\s*(\w+):\s*(.*?)\s*-->\n?")
 MISSING = "—"
@@ -45,6 +52,12 @@ def load_steps(directory: Path = EXPLAINER_DIR) -> list[Step]:
     return steps
 
 
+@cache
+def load_text(name: str) -> str:
+    """A fixed text of the page: assets/texts/<name> (Markdown or HTML)."""
+    return (TEXTS_DIR / name).read_text(encoding="utf-8").strip()
+
+
 def fill(template: str, values: dict[str, str]) -> str:
     """Replace every {{name}}; names the run cannot fill yet show as a dash."""
     return PLACEHOLDER.sub(lambda m: values.get(m.group(1), MISSING), template)
@@ -55,13 +68,19 @@ def _ms(seconds: float) -> str:
 
 
 def _quoted(texts: list[str]) -> str:
-    return " ".join(f"`{visible(t)}`" for t in texts) or MISSING
+    return " ".join(md_code(t) for t in texts) or MISSING
+
+
+HEADS_TRAINING = {
+    "medusa-2": "the Medusa-2 way: the heads and the base model were tuned together",
+    "medusa-1": "the Medusa-1 way: the heads alone, with the base model frozen",
+}
 
 
 def run_values(run: RunTrace) -> dict[str, str]:
     """Numbers from a Medusa run: passes, tokens, the tree and its best round."""
     values = {
-        "model": run.model,
+        "model": md_text(run.model),
         "device": run.device,
         "acceptance": run.settings.acceptance,
         "new_tokens": str(len(run.tokens)),
@@ -70,12 +89,14 @@ def run_values(run: RunTrace) -> dict[str, str]:
         "mean_accepted": f"{run.mean_accepted:.2f}",
         "ar_passes": str(len(run.tokens)),
         "saved_passes": str(len(run.tokens) - run.forward_passes),
-        "medusa_time": f"{run.total_time:.2f}",
     }
+    recipe = heads_recipe(run.model)
+    if recipe:
+        values["heads_training"] = HEADS_TRAINING[recipe]
     if run.tree is not None:
         tree = run.tree
         values |= {
-            "tree_name": tree.name,
+            "tree_name": md_text(tree.name),
             "tree_nodes": str(tree.size),
             "tree_candidates": str(leaf_count(tree.parents)),
             "tree_depth": str(max(tree.depths)),
@@ -87,7 +108,6 @@ def run_values(run: RunTrace) -> dict[str, str]:
             "best_accepted": str(best.accepted_length),
             "best_guesses": str(sum(best.emitted_from_heads)),
             "best_text": _quoted(best.emitted_texts),
-            "verify_ms": _ms(sum(r.time_verify for r in run.rounds) / len(run.rounds)),
         }
         if best.heads_topk_tokens and best.node_texts and run.tree is not None:
             first_level = [n for n in range(run.tree.size) if run.tree.depths[n] == 1]
@@ -97,33 +117,35 @@ def run_values(run: RunTrace) -> dict[str, str]:
     return values
 
 
-def race_values(ar: RunTrace, medusa: RunTrace) -> dict[str, str]:
-    """Numbers only a measured race gives: time per pass and the wall-clock speedup."""
-    cost = pass_cost_ratio(ar, medusa)
-    verify, draft_accept = round_cost_parts(ar, medusa)
+def race_values(race: RaceResult) -> dict[str, str]:
+    """Numbers only measured races give: time per round and the wall-clock speedup."""
+    ar, medusa = race.ar_timing, race.medusa_timing
+    cost, verify, spread = round_cost(ar, medusa), verify_cost(ar, medusa), race.spread
     return {
-        "ar_time": f"{ar.total_time:.2f}",
-        "medusa_time": f"{medusa.total_time:.2f}",
-        "ar_passes": str(ar.forward_passes),
-        "ar_ms_per_pass": _ms(seconds_per_pass(ar)),
-        "medusa_ms_per_pass": _ms(seconds_per_pass(medusa)),
-        "pass_cost": f"{cost:.2f}",
-        "predicted_speedup": f"{medusa.mean_accepted / cost:.2f}" if cost else MISSING,
+        "races": str(spread.count),
+        "ar_seconds": f"{ar.seconds:.2f}",
+        "medusa_seconds": f"{medusa.seconds:.2f}",
+        "ar_ms_per_pass": _ms(ar.seconds_per_round),
+        "medusa_ms_per_round": _ms(medusa.seconds_per_round),
+        "race_tokens_per_pass": f"{medusa.tokens_per_pass:.2f}",
+        "round_cost": f"{cost:.2f}",
+        "predicted_speedup": f"{medusa.tokens_per_pass / cost:.2f}" if cost else MISSING,
         "verify_cost": f"{verify:.2f}",
-        "draft_accept_cost": f"{draft_accept:.2f}",
-        "ceiling_speedup": f"{medusa.mean_accepted / verify:.2f}" if verify else MISSING,
-        "speedup": f"{speedup(ar, medusa):.2f}",
+        "draft_accept_cost": f"{cost - verify:.2f}",
+        "ceiling_speedup": f"{medusa.tokens_per_pass / verify:.2f}" if verify else MISSING,
+        "speedup": f"{spread.median:.2f}",
+        "speedup_range": f"{spread.low:.2f}–{spread.high:.2f}",
     }
 
 
-def explainer_values(run: RunTrace | None, ar: RunTrace | None) -> dict[str, str]:
+def explainer_values(run: RunTrace | None, race: RaceResult | None) -> dict[str, str]:
     values = run_values(run) if run is not None and run.tree is not None else {}
-    if run is not None and ar is not None:
-        values |= race_values(ar, run)
+    if race is not None:
+        values |= race_values(race)
     return values
 
 
-def render_steps(steps: list[Step], run: RunTrace | None, ar: RunTrace | None) -> list[str]:
+def render_steps(steps: list[Step], run: RunTrace | None, race: RaceResult | None) -> list[str]:
     """Each step's Markdown with the run's numbers in it."""
-    values = explainer_values(run, ar)
+    values = explainer_values(run, race)
     return [fill(step.template, values) for step in steps]

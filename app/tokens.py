@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import html
+import re
 
-from decoding.trace import RunTrace
+from decoding.stats import round_end_times
+from decoding.trace import RoundTrace, RunTrace
 
 from .palette import BASE, head_colour
 
@@ -31,6 +33,22 @@ def figure_text(text: str, max_chars: int | None = None) -> str:
     return html.escape(shown, quote=False)
 
 
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+!|~>-])")
+
+
+def md_code(text: str, max_chars: int | None = None) -> str:
+    """A token inside Markdown, as an HTML code span: whitespace drawn, everything escaped, so
+    no token (backticks, `<img ...>`, `**`) can change the page around it."""
+    shown = html.escape(token_label(text, max_chars) if max_chars else visible(text))
+    return f"<code>{_MARKDOWN_SPECIAL.sub(lambda m: f'&#{ord(m.group(1))};', shown)}</code>"
+
+
+def md_text(text: str) -> str:
+    """Visitor text shown as itself inside Markdown: HTML escaped, Markdown syntax neutralised."""
+    one_line = " ".join(text.split())
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", html.escape(one_line, quote=False))
+
+
 def _token_span(text: str, depth: int) -> str:
     """One token: coloured by who produced it (depth 0 = the base model, d = head d)."""
     colour = head_colour(depth)
@@ -41,12 +59,22 @@ def _token_span(text: str, depth: int) -> str:
     )
 
 
-def stream_html(trace: RunTrace | None, until: float | None = None, show_prompt: bool = True,
-                caret: bool = False) -> str:
-    """The run's output as HTML, one group per forward pass, tokens coloured by their source.
+def _pass_span(rnd: RoundTrace, current: int | None) -> str:
+    """One round's tokens in a box; `data-round` lets a click on it select that round."""
+    heads = sum(rnd.emitted_from_heads)
+    spans = "".join(_token_span(text, depth + 1 if from_head else 0)
+                    for depth, (text, from_head) in enumerate(zip(rnd.emitted_texts, rnd.emitted_from_heads)))
+    title = f"round {rnd.index + 1}: {rnd.accepted_length} token(s), {heads} from heads"
+    mark = " current" if rnd.index == current else ""
+    return f'<span class="pass{mark}" data-round="{rnd.index + 1}" title="{title}">{spans}</span>'
 
-    `until` (seconds since the run's start) keeps only what had been produced by then: the
-    race replays a measured run with it.
+
+def stream_html(trace: RunTrace | None, until: float | None = None, show_prompt: bool = True,
+                caret: bool = False, current: int | None = None) -> str:
+    """The run's output as HTML, one box per forward pass, tokens coloured by their source.
+
+    `until` (decoding seconds since the run's start) keeps only what had been produced by then:
+    the race replays a measured run with it. `current` (a round index) marks that round's box.
     """
     if trace is None:
         return '<div class="stream stream-empty">Press <b>Run</b> to generate.</div>'
@@ -54,22 +82,12 @@ def stream_html(trace: RunTrace | None, until: float | None = None, show_prompt:
     if show_prompt:
         parts.append(f'<span class="prompt">{html.escape(trace.prompt)}</span>')
     if trace.prefill_token is not None and (until is None or trace.time_prefill <= until):
-        parts.append(
-            f'<span class="pass" title="prefill pass: the base model reads the prompt">'
-            f"{_token_span(trace.prefill_text, 0)}</span>"
-        )
-    for rnd in trace.rounds:
-        if until is not None and rnd.t_end > until:
+        parts.append('<span class="pass" title="prefill pass: the base model reads the prompt">'
+                     f"{_token_span(trace.prefill_text, 0)}</span>")
+    for end, rnd in zip(round_end_times(trace), trace.rounds):
+        if until is not None and end > until:
             break
-        heads = sum(rnd.emitted_from_heads)
-        spans = "".join(
-            _token_span(text, depth + 1 if from_head else 0)
-            for depth, (text, from_head) in enumerate(
-                zip(rnd.emitted_texts, rnd.emitted_from_heads)
-            )
-        )
-        title = f"pass {rnd.index + 1}: {rnd.accepted_length} token(s), {heads} from heads"
-        parts.append(f'<span class="pass" title="{title}">{spans}</span>')
+        parts.append(_pass_span(rnd, current))
     if caret:
         parts.append('<span class="caret">▍</span>')
     return f'<div class="stream">{"".join(parts)}</div>'
@@ -82,5 +100,5 @@ def legend_html(num_heads: int) -> str:
         f'<span class="key" style="--tok:{head_colour(d)}">head {d}</span>'
         for d in range(1, num_heads + 1)
     ]
-    note = '<span class="key-note">boxes = one forward pass each</span>'
+    note = '<span class="key-note">a box = one forward pass (click it for its round)</span>'
     return f'<div class="legend">{"".join(items)}{note}</div>'

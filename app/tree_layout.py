@@ -7,6 +7,8 @@ sits centred on the rows of its first and last child. Rows never collide, so lab
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import networkx as nx
 
 
@@ -20,7 +22,12 @@ def tree_graph(parents: list[int]) -> nx.DiGraph:
 
 def tidy_layout(parents: list[int], depths: list[int]) -> dict[int, tuple[float, float]]:
     """Map each node to (x, y): x is its depth, y its row (0 = top, one row per leaf)."""
-    graph = tree_graph(parents)
+    return _layout(tuple(parents), tuple(depths))
+
+
+@lru_cache(maxsize=32)  # a run redraws one tree shape on every round
+def _layout(parents: tuple[int, ...], depths: tuple[int, ...]) -> dict[int, tuple[float, float]]:
+    graph = tree_graph(list(parents))
     rows: dict[int, float] = {}
     next_leaf_row = 0
     # Post-order visits children before their parent, so a parent can average its children.
@@ -39,10 +46,3 @@ def leaf_count(parents: list[int]) -> int:
     has_child = {parent for parent in parents if parent >= 0}
     return sum(1 for node in range(len(parents)) if node not in has_child)
 
-
-def path_to_root(parents: list[int], node: int) -> list[int]:
-    """Node indices from the root down to `node`."""
-    path = [node]
-    while parents[path[-1]] >= 0:
-        path.append(parents[path[-1]])
-    return path[::-1]

@@ -65,7 +65,7 @@ def make_round(tree: TreeTrace, index: int, accepted: list[int], t_start: float,
         node_base_probs=[None] + [round(rng.random(), 3) for _ in range(n - 1)],
         base_argmax_tokens=argmax, base_argmax_texts=[WORDS[t] for t in argmax],
         base_argmax_probs=[round(0.3 + 0.7 * rng.random(), 3) for _ in range(n)],
-        accepted_nodes=accepted,
+        accepted_nodes=accepted, next_token=emitted[-1], next_text=WORDS[emitted[-1]],
     )
 
 

@@ -8,11 +8,13 @@ import json
 import pytest
 from gradio_client import Client
 
-from app.models import describe
+from app.handlers import cache, switch_model, write_json
+from app.inputs import RunRequest, decode_settings, format_choices
+from app.layout import DEFAULT_PROMPTS, build_demo, example_rows, launch_options
+from app.models import ModelCache, describe, offered_models, require_offered
 from app.screenshots import free_port
-from app.ui import (DEFAULT_PROMPTS, build_demo, cache, decode_settings, example_rows, format_choices,
-                    launch_options, switch_model)
-from decoding import DecodingError, RunTrace
+from decoding.errors import DecodingError
+from decoding.trace import RunTrace
 from decoding.prompts import example_prompts
 from decoding.tiny import make_tiny_model_dir
 
@@ -35,8 +37,13 @@ def client(tiny_model_dir):
             demo.close()
 
 
-def test_trace_endpoint_is_named_and_returns_a_whole_run(client):
-    assert "/trace" in client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+def test_only_the_documented_endpoint_is_public(client):
+    api = client.view_api(print_info=False, return_format="dict")
+    assert list(api["named_endpoints"]) == ["/trace"]
+    assert not api["unnamed_endpoints"]
+
+
+def test_trace_endpoint_returns_a_whole_run(client):
     data = client.predict("It is a truth universally", 12, api_name="/trace")
     trace = RunTrace.from_dict(data)
     assert len(trace.tokens) == 12 and trace.stop_reason == "max_new_tokens"
@@ -44,6 +51,15 @@ def test_trace_endpoint_is_named_and_returns_a_whole_run(client):
     assert trace.tree is not None and trace.tree.size == len(trace.rounds[0].node_tokens)
     assert all(r.accepted_nodes[0] == 0 for r in trace.rounds)
     assert data["text"] == trace.text
+
+
+def test_trace_refuses_a_model_the_page_does_not_offer(client, tmp_path_factory):
+    # A real, loadable model directory, but not one the page offers: refused before any loading.
+    other = str(make_tiny_model_dir(tmp_path_factory.mktemp("other-model")))
+    for name in (other, "gpt2", "../assets/models/austen"):
+        with pytest.raises(Exception, match="not offered here"):
+            client.predict("It is", 4, "greedy", "default", 0, name, api_name="/trace")
+    assert other not in cache.loaded()
 
 
 def test_trace_endpoint_takes_a_custom_tree_and_fewer_heads(client):
@@ -58,7 +74,7 @@ def test_trace_endpoint_takes_a_custom_tree_and_fewer_heads(client):
     (("It is", 8, "greedy", "[[0], [0"), "malformed"),
     (("It is", 8, "greedy", "[[0, 0]]"), "has no parent"),
     (("It is", 8, "sometimes"), "acceptance must be one of"),
-    (("It is", 8, "greedy", "default", 0, "no-such-model"), "no-such-model"),
+    (("It is", 8, "greedy", "default", 0, "no-such-model"), "not offered here"),
 ])
 def test_bad_input_comes_back_as_a_message(client, args, message):
     with pytest.raises(Exception, match=message):
@@ -78,7 +94,7 @@ def test_concurrent_visitors_take_turns_and_none_is_lost(client):
 
 def test_a_model_that_cannot_load_keeps_the_previous_one(client, tiny_model_dir):
     # Outside a page request, gr.Warning falls back to a Python warning.
-    with pytest.warns(UserWarning, match="no/such/model"):
+    with pytest.warns(UserWarning, match="not offered here"):
         dropdown, current, *_ = switch_model("/no/such/model", tiny_model_dir)
     assert dropdown == current == tiny_model_dir
 
@@ -91,10 +107,9 @@ def model(tiny_model_dir):
 
 
 def _settings(model, tree_text: str, num_heads: int, **overrides):
-    values = dict(max_new_tokens=16, acceptance="greedy", temperature=0.7, epsilon=0.09, delta=0.3,
-                  seed=-1, preset=model.default_tree, tree_text=tree_text, num_heads=num_heads)
-    values.update(overrides)
-    return decode_settings(model, *values.values())
+    values = dict(prompt="It is", model=model.name, max_new_tokens=16, preset=model.default_tree,
+                  tree_text=tree_text, num_heads=num_heads)
+    return decode_settings(model, RunRequest(**(values | overrides)))
 
 
 def test_an_unedited_preset_is_passed_by_name(model):
@@ -121,19 +136,6 @@ def test_bad_settings_raise_a_readable_error(model, tree_text, overrides, messag
         _settings(model, tree_text, overrides.pop("num_heads", model.num_heads), **overrides)
 
 
-def test_round_numbers_agree_with_the_tree_even_when_the_run_ends_mid_round():
-    from app_helpers import SMALL_CHOICES, make_run
-
-    from app.ui import round_info
-
-    run = make_run(SMALL_CHOICES, accepted_leaves=[6])
-    assert "accepted **3 guess(es)** · added **4 token(s)**: 3 from heads + 1 from" in round_info(run, 0)
-    last = run.rounds[0]
-    last.emitted_tokens, last.emitted_texts, last.emitted_from_heads = (
-        last.emitted_tokens[:2], last.emitted_texts[:2], last.emitted_from_heads[:2])
-    assert "accepted **3 guess(es)** · added **2 token(s)** (cut at the end of the run)" in round_info(run, 0)
-
-
 def test_each_example_prompt_comes_with_its_model():
     """Picking an example also picks the model it was written for (prose or code)."""
     rows = example_rows(["austen", "/a/model/without/examples"])
@@ -142,9 +144,62 @@ def test_each_example_prompt_comes_with_its_model():
 
 
 def test_without_shipped_examples_the_first_model_gets_default_prompts():
-    assert example_rows(["/nowhere"]) == [[prompt, "/nowhere"] for prompt in DEFAULT_PROMPTS]
+    assert example_rows(["/nowhere"]) == [(prompt, "/nowhere") for prompt in DEFAULT_PROMPTS]
 
 
 def test_the_model_menu_names_each_embedded_model_by_its_card():
     assert describe("austen") == "austen: a 6.9M-parameter Llama trained from scratch on Jane Austen"
     assert describe("/some/local/dir") == "/some/local/dir"
+
+
+def test_the_page_defaults_are_the_engines():
+    from decoding import DecodeSettings
+
+    request, engine = RunRequest(prompt="x", model="m"), DecodeSettings()
+    assert (request.temperature, request.epsilon, request.delta, request.max_new_tokens) == (
+        engine.temperature, engine.epsilon, engine.delta, engine.max_new_tokens)
+
+
+def test_downloads_share_one_folder_and_old_ones_are_pruned(tmp_path, monkeypatch):
+    import app.handlers as handlers
+
+    monkeypatch.setattr(handlers, "DOWNLOADS", tmp_path)
+    monkeypatch.setattr(handlers, "KEEP_DOWNLOADS", 3)
+    paths = [write_json("medusa_trace.json", {"run": i}) for i in range(5)]
+    assert all(p.startswith(str(tmp_path)) and p.endswith("medusa_trace.json") for p in paths)
+    assert len(list(tmp_path.iterdir())) == 3
+    assert write_json("medusa_trace.json", {"run": 4}) == paths[-1]  # same content, same file
+
+
+def test_the_model_cache_keeps_the_last_two_and_loads_outside_its_lock(monkeypatch):
+    import threading
+
+    cache = ModelCache(keep=2)
+    started, release = threading.Event(), threading.Event()
+
+    def slow_load(name):
+        if name == "slow":
+            started.set()
+            release.wait(5)
+        return f"model {name}"
+
+    monkeypatch.setattr(cache, "_load", slow_load)
+    cache.get("a")
+    loader = threading.Thread(target=cache.get, args=("slow",))
+    loader.start()
+    started.wait(5)
+    assert cache.get("a") == "model a"  # answered while "slow" is still loading
+    release.set()
+    loader.join(5)
+    assert cache.loaded() == ["a", "slow"]
+    cache.get("a")
+    cache.get("b")
+    assert cache.loaded() == ["a", "b"]  # "slow" was the least recently used: evicted
+
+
+def test_the_page_offers_what_the_engine_can_load(monkeypatch):
+    monkeypatch.delenv("MEDUSA_PLAYGROUND_MODEL", raising=False)
+    offered = offered_models()
+    assert require_offered(offered[0]) == offered[0]
+    with pytest.raises(DecodingError, match="not offered here"):
+        require_offered("/etc")

@@ -1,23 +1,24 @@
 """End to end in a real browser: `python app.py`, Debian's Chromium driven by Playwright.
 
-Runs a prompt, checks that the tree, the mask and the race are drawn with data, steps to
-another round and sees the figures change, and saves screenshots (to $APP_SCREENSHOTS_DIR, or
-pytest's temporary directory). Without Chromium the test skips, except under CI, where a
-missing browser is a failure.
+Each test starts from a freshly loaded page (one app for the module), so none depends on another
+having run first. Screenshots go to $APP_SCREENSHOTS_DIR, or pytest's temporary directory.
+Without Chromium the tests skip, except under CI, where a missing browser is a failure.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
 
+from app.layout import PLAY_EVERY
 from app.screenshots import (
-    CHROMIUM, browser_page, open_tab, plot_title, plot_traces, run_prompt, run_race, running_app, shoot,
-    walk_to_step,
+    CHROMIUM, LAPTOP, PHONE, PROJECTOR, browser_page, in_view, open_app, open_tab, overlapping_labels, plot_title,
+    plot_traces, run_prompt, run_race, running_app, shoot, walk_to_step,
 )
-from decoding import embedded_models
+from decoding.loading import embedded_models
 from decoding.prompts import example_prompts
 from decoding.tiny import make_tiny_model_dir
 
@@ -34,14 +35,28 @@ def _require_chromium() -> None:
 
 
 @pytest.fixture(scope="module")
-def page(tmp_path_factory):
+def app_url(tmp_path_factory):
     _require_chromium()
     model = make_tiny_model_dir(tmp_path_factory.mktemp("tiny-model"))
-    with running_app(str(model)) as url, sync_api.sync_playwright() as playwright, \
-            browser_page(playwright) as page:
-        page.goto(url)
-        page.wait_for_selector("#run-button", timeout=60_000)
+    with running_app(str(model)) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def playwright():
+    with sync_api.sync_playwright() as pw:
+        yield pw
+
+
+def _page(playwright, url: str, viewport: dict):
+    with browser_page(playwright, viewport) as page:
+        open_app(page, url)
         yield page
+
+
+@pytest.fixture
+def page(playwright, app_url):
+    yield from _page(playwright, app_url, LAPTOP)
 
 
 @pytest.fixture(scope="module")
@@ -50,82 +65,143 @@ def shots(tmp_path_factory) -> Path:
     return Path(folder) if folder else tmp_path_factory.mktemp("screenshots")
 
 
-def test_run_draws_tree_and_mask_and_steps_through_rounds(page, shots):
-    assert page.locator("#run-button").inner_text() == "Run"
+def _title_is(page, elem_id: str, start: str) -> None:
+    page.wait_for_function(
+        f"document.querySelector('#{elem_id} .gtitle')?.textContent.startsWith({start!r})", timeout=15_000)
+
+
+def test_after_run_the_tree_and_mask_are_in_view_at_1280x800(page, shots):
     first_tree = run_prompt(page, "It is a truth universally acknowledged")
     print(f"first tree drawn {first_tree:.2f} s after pressing Run")
+    assert in_view(page, "#tree-plot") == 1.0 and in_view(page, "#mask-plot", 0.8) >= 0.8
     assert "tokens in" in page.locator("#run-summary").inner_text()
     assert page.locator("#stream-box .tok").count() >= 8
-
-    assert plot_traces(page, "tree-plot") >= 6  # edges, nodes per depth, bonus token
+    assert plot_traces(page, "tree-plot") >= 6  # edges, nodes per depth, the next token
     assert page.locator("#tree-plot .textpoint").count() >= 5  # token labels on the nodes
     assert plot_traces(page, "mask-plot") == 1  # the heatmap
-    # Figures export as PNG from Plotly's own toolbar.
     assert page.locator("#tree-plot .modebar-btn[data-title*='png' i]").count() == 1
-    last_tree, last_mask = plot_title(page, "tree-plot"), plot_title(page, "mask-plot")
-    shoot(page, shots / "playground.png")
+    shoot(page, shots / "playground.png", full_page=False)
 
+
+def test_stepping_rounds_marks_their_tokens_and_a_click_on_a_token_selects_its_round(page):
+    run_prompt(page, "It is a truth universally acknowledged")
+    last_tree = plot_title(page, "tree-plot")
+    rounds = int(last_tree.split()[1])
     page.click("#prev-round")
-    page.wait_for_function(
-        f"document.querySelector('#tree-plot .gtitle')?.textContent !== {last_tree!r}", timeout=15_000)
-    assert plot_title(page, "tree-plot") != last_tree
-    assert plot_title(page, "mask-plot") != last_mask
-    assert "Round" in page.locator("#round-info").inner_text()
-    shoot(page, shots / "previous-round.png")
+    _title_is(page, "tree-plot", f"Round {rounds - 1} ")
+    assert plot_title(page, "mask-plot").endswith(f"round {rounds - 1}")
+    current = page.locator("#stream-box .pass.current")
+    assert current.count() == 1 and current.get_attribute("data-round") == str(rounds - 1)
+    assert f"Round {rounds - 1} of {rounds}" in page.locator("#round-info").inner_text()
 
-    page.click("#next-round")
-    page.wait_for_function(
-        f"document.querySelector('#tree-plot .gtitle')?.textContent === {last_tree!r}", timeout=15_000)
+    page.locator('#stream-box .pass[data-round="2"]').click()
+    _title_is(page, "tree-plot", "Round 2 ")
+    assert page.locator("#stream-box .pass.current").get_attribute("data-round") == "2"
+
+
+def test_play_walks_the_rounds_at_its_stated_pace(page):
+    run_prompt(page, "It is a truth universally acknowledged")
     page.click("#play-rounds")  # at the last round, Play starts again from round 1
-    page.wait_for_function(
-        "document.querySelector('#tree-plot .gtitle')?.textContent.startsWith('Round 1 ')", timeout=15_000)
+    _title_is(page, "tree-plot", "Round 1 ")
+    started = time.perf_counter()
+    _title_is(page, "tree-plot", "Round 3 ")
+    pace = (time.perf_counter() - started) / 2
+    print(f"Play: {pace:.2f} s per round (timer {PLAY_EVERY} s)")
+    assert pace < 2 * PLAY_EVERY
     page.click("#play-rounds")
     page.get_by_role("button", name="▶ Play").wait_for(timeout=10_000)
 
 
 def test_a_malformed_tree_is_explained_before_any_run(page):
     editor = page.locator("#tree-json .cm-content")
-    original = editor.inner_text()
     editor.fill("[[0], [0, 1")
     page.get_by_text("the tree JSON is malformed").wait_for(timeout=10_000)
     editor.fill("[[0], [1], [0, 0]]")
     page.wait_for_function(
         "document.querySelector('#tree-status')?.innerText.includes('4 nodes incl. root')", timeout=10_000)
-    editor.fill(original)
 
 
-def test_race_draws_both_lines_and_states_how_it_was_timed(page, shots):
-    summary = run_race(page)
-    assert "Medusa:" in summary and "plain decoding:" in summary and "×" in summary
+def test_races_report_a_median_clear_the_last_verdict_and_link_to_stats(page, shots):
+    verdict = run_race(page, races=3)
+    assert "median of 3 races" in verdict and "range" in verdict and "passes" in verdict
     assert plot_traces(page, "race-plot") == 2
-    assert "timed" in page.get_by_text("How this was timed").inner_text()
-    shoot(page, shots / "race.png")
+    assert in_view(page, "#race-summary") == 1.0
+    shoot(page, shots / "race.png", full_page=False)
 
-    open_tab(page, "Stats")
+    page.click("#race-button")  # a new race: the last verdict goes at once
+    page.wait_for_function("document.querySelector('#race-summary')?.innerText.trim() === ''",
+                           polling="raf", timeout=10_000)
+    page.wait_for_function("document.querySelector('#race-status')?.innerText.includes('Done')", timeout=300_000)
+
+    page.click("#why-speedup")
+    page.wait_for_timeout(600)
+    assert "per pass" in page.locator("#stats-explanation").inner_text()
     assert plot_traces(page, "stats-figures") >= 3
-    shoot(page, shots / "stats.png")
     open_tab(page, "Learn")
     walk_to_step(page, 6)
     speedup_step = page.locator("#learn-step-6").inner_text()
-    assert "passes produced" in speedup_step
-    assert "—" not in speedup_step  # every number of the step filled from this run and race
-    shoot(page, shots / "learn.png")
+    assert "passes produced" in speedup_step and "—" not in speedup_step
+
+
+def test_visitor_text_is_shown_as_text_everywhere(page):
+    prompt = "<img src=x id=injected> **bold** [link](http://example.com)"
+    run_prompt(page, prompt)
+    assert page.locator("#injected").count() == 0
+    open_tab(page, "Learn")
+    banner = page.get_by_text("The numbers below come from your last run")
+    assert "<img src=x" in banner.inner_text() and "**bold**" in banner.inner_text()
+    assert page.locator("strong", has_text="bold").count() == 0
+
+
+def test_one_new_token_says_there_is_no_round(page):
+    tokens = page.locator("#max-new-tokens input[type=number]")
+    tokens.fill("1")
+    tokens.press("Enter")
+    page.click("#run-button")
+    page.wait_for_function(
+        "document.querySelector('#run-summary')?.innerText.includes('prefill pass alone')", timeout=60_000)
+    assert "no rounds yet" in page.locator("#round-slider").inner_text()
 
 
 def test_empty_prompt_shows_an_error_and_the_app_keeps_running(page):
-    open_tab(page, "Playground")
     page.locator("#prompt textarea").fill("")
     page.click("#run-button")
     page.get_by_text("the prompt is empty").first.wait_for(timeout=15_000)
-    run_prompt(page, "Mr. Darcy")  # still answers
+    run_prompt(page, "Mr. Darcy")
+
+
+def test_projector_mode_is_big_closes_the_sidebar_and_fills_the_width(playwright, app_url, shots):
+    for page in _page(playwright, app_url, PROJECTOR):
+        laptop_title = page.evaluate("parseFloat(getComputedStyle(document.querySelector('#title h1')).fontSize)")
+        page.click("#projector input")
+        page.wait_for_timeout(800)
+        assert page.locator(".sidebar.open").count() == 0
+        run_prompt(page, "It is a truth universally acknowledged")
+        page.wait_for_timeout(800)
+        title = page.evaluate("parseFloat(getComputedStyle(document.querySelector('#title h1')).fontSize)")
+        assert title >= 1.5 * laptop_title
+        tree_width = page.evaluate("document.querySelector('#tree-plot').getBoundingClientRect().width")
+        assert tree_width > 0.8 * PROJECTOR["width"]
+        shoot(page, shots / "projector.png", full_page=False)
+
+
+def test_a_phone_can_run_at_once_and_the_tree_labels_do_not_overlap(playwright, app_url, shots):
+    for page in _page(playwright, app_url, PHONE):
+        assert page.locator(".sidebar.open").count() == 0
+        assert in_view(page, "#run-button") == 1.0
+        shoot(page, shots / "phone-start.png", full_page=False)
+        run_prompt(page, "It is a truth universally acknowledged")
+        page.locator("#tree-plot").scroll_into_view_if_needed()
+        assert overlapping_labels(page, "tree-plot") == 0
+        shoot(page, shots / "phone-tree.png", full_page=False)
 
 
 @pytest.mark.skipif("stdlib" not in embedded_models(), reason="the embedded code model is not in assets/")
-def test_a_code_example_switches_to_the_code_model_and_runs(page):
+def test_a_code_example_is_one_pick_away_and_switches_to_the_code_model(page):
     """Each example prompt comes with the model it was written for: picking one picks both."""
-    open_tab(page, "Playground")
     prompt = example_prompts("stdlib")[0]
-    page.get_by_text(prompt.splitlines()[0]).first.click()
+    page.click("#examples input")
+    page.get_by_role("option", name=prompt.splitlines()[0][:40], exact=False).first.click()
     page.wait_for_function(
         "document.querySelector('#model-dropdown input')?.value.startsWith('stdlib')", timeout=60_000)
     assert page.locator("#prompt textarea").input_value() == prompt

@@ -6,10 +6,14 @@ import json
 
 import pytest
 
-from app import figures
+from app import charts
+from app.figure_style import Look
 from app.tokens import figure_text, stream_html
-from app.tree_layout import leaf_count, path_to_root, tidy_layout
-from app_helpers import SMALL_CHOICES, make_ar_run, make_run, make_tree
+from app.tree_figures import (
+    labelled_nodes, mask_figure, mask_label, next_token_hover, tree_figure, tree_height,
+)
+from app.tree_layout import leaf_count, tidy_layout
+from app_helpers import SMALL_CHOICES, make_ar_run, make_run, make_tree, path_nodes
 from decoding.tree import MC_SIM_7B_63
 
 
@@ -17,6 +21,10 @@ from decoding.tree import MC_SIM_7B_63
 def run():
     # Round 1 accepts the path to node 6 ([0, 0, 0]), round 2 nothing, round 3 node 5 ([1, 0]).
     return make_run(SMALL_CHOICES, accepted_leaves=[6, 0, 5])
+
+
+def _node_traces(fig):
+    return [t for t in fig.data if t.customdata is not None]
 
 
 def _trace_named(fig, prefix):
@@ -50,32 +58,26 @@ def test_reference_tree_layout_has_no_two_nodes_on_one_spot():
     assert sorted(pos[n][1] for n in leaves) == list(range(leaf_count(tree.parents)))
 
 
-def test_path_to_root():
-    tree = make_tree(SMALL_CHOICES)
-    assert path_to_root(tree.parents, 6) == [0, 1, 3, 6]
-
-
 # ----------------------------------------------------------------------------- tree figure
 
 def test_tree_figure_highlights_exactly_the_accepted_path(run):
     rnd = run.rounds[0]
     assert rnd.accepted_nodes == [0, 1, 3, 6]
-    fig = figures.tree_figure(run.tree, rnd)
+    fig = tree_figure(run.tree, rnd)
     pos = tidy_layout(run.tree.parents, run.tree.depths)
     (edges,) = _trace_named(fig, "accepted path")
     drawn = {(x, y) for x, y in zip(edges.x, edges.y) if x is not None}
     assert drawn == {pos[n] for n in rnd.accepted_nodes}
-    # Node markers: full opacity and a green ring on the path, faded elsewhere.
-    for trace in _trace_named(fig, "head") + _trace_named(fig, "root"):
+    for trace in _node_traces(fig):
         for node, opacity in zip(trace.customdata, trace.marker.opacity):
             assert (opacity == 1.0) == (node in rnd.accepted_nodes)
 
 
 def test_tree_figure_labels_nodes_with_their_tokens_and_hover_has_the_facts(run):
     rnd = run.rounds[2]
-    fig = figures.tree_figure(run.tree, rnd)
+    fig = tree_figure(run.tree, rnd)
     labelled = {}
-    for trace in _trace_named(fig, "head") + _trace_named(fig, "root"):
+    for trace in _node_traces(fig):
         for node, text, hover in zip(trace.customdata, trace.text, trace.hovertext):
             labelled[node] = (text, hover)
     assert sorted(labelled) == list(range(run.tree.size))
@@ -84,49 +86,78 @@ def test_tree_figure_labels_nodes_with_their_tokens_and_hover_has_the_facts(run)
         if node:
             assert f"head {run.tree.heads[node]}, rank {run.tree.ranks[node] + 1}" in hover
             parent_choice = figure_text(rnd.base_argmax_texts[run.tree.parents[node]])
-            assert f"own prediction here: '{parent_choice}'" in hover
+            assert f"most likely token here: '{parent_choice}'" in hover
             assert ("accepted" in hover) == (node in rnd.accepted_nodes)
 
 
-def test_tree_figure_colours_by_head_and_has_a_legend_entry_per_colour(run):
-    fig = figures.tree_figure(run.tree, run.rounds[0])
-    names = [t.name for t in fig.data if t.showlegend is not False]
-    assert {"root (base model)", "head 1 guess", "head 2 guess", "head 3 guess",
-            "accepted path", "rejected branch (faded)", "base model's bonus token"} <= set(names)
-    colours = {t.name: t.marker.color for t in _trace_named(fig, "head")}
-    assert len(set(colours.values())) == 3
+def test_tree_is_one_trace_per_edge_kind_and_per_depth_not_per_node():
+    big = make_run(MC_SIM_7B_63, accepted_leaves=[40])
+    fig = tree_figure(big.tree, big.rounds[0])
+    # rejected edges, accepted edges, 5 depths, the star's dotted edge and the star
+    assert len(fig.data) == 2 + 5 + 2
+    (heat,) = mask_figure(big.tree, big.rounds[0]).data
+    assert len(heat.z) == 64
 
 
-def test_bonus_token_is_the_base_argmax_after_the_last_accepted_node(run):
+def test_each_column_heading_has_its_heads_colour(run):
+    from app.palette import head_colour
+
+    fig = tree_figure(run.tree, run.rounds[0])
+    headings = list(fig.layout.xaxis.ticktext)
+    assert len(headings) == 5 and "root" in headings[0] and "next" in headings[-1]
+    for depth in (1, 2, 3):
+        assert f"head {depth}" in headings[depth] and head_colour(depth) in headings[depth]
+
+
+def test_the_star_is_the_token_the_round_chose_even_when_it_is_not_the_argmax(run):
     rnd = run.rounds[1]
     assert rnd.accepted_nodes == [0]
-    (bonus,) = _trace_named(fig := figures.tree_figure(run.tree, rnd), "base model's bonus")
-    assert bonus.text[0] == figure_text(rnd.base_argmax_texts[0], 10) == figure_text(rnd.emitted_texts[-1], 10)
-    assert fig.layout.height > 0
+    (star,) = _trace_named(tree_figure(run.tree, rnd), "next token")
+    assert star.text[0] == figure_text(rnd.emitted_texts[-1], 10)
+    # A sampled round: the chosen token is not the base model's most likely one.
+    rnd.next_token, rnd.next_text = 999, " sampled"
+    (star,) = _trace_named(tree_figure(run.tree, rnd), "next token")
+    assert star.text[0] == figure_text(" sampled", 10)
+    hover = next_token_hover(rnd)
+    assert "sampled" in hover and f"'{figure_text(rnd.base_argmax_texts[0])}'" in hover
 
 
-def test_big_tree_figure_is_tall_enough_for_one_row_per_leaf():
+def test_a_big_tree_is_capped_in_height_with_labels_no_taller_than_a_row():
     big = make_run(MC_SIM_7B_63, accepted_leaves=[40])
-    fig = figures.tree_figure(big.tree, big.rounds[0])
+    fig = tree_figure(big.tree, big.rounds[0])
     rows = leaf_count(big.tree.parents)
-    assert fig.layout.height >= rows * figures.ROW_PX
-    assert all(len(t) <= 10 for tr in _trace_named(fig, "head") for t in tr.text)
+    assert fig.layout.height == tree_height(big.tree) <= 600
+    label_px = _node_traces(fig)[1].textfont.size
+    assert 8 <= label_px <= (fig.layout.height - 90) / rows
+    assert all(len(t) <= 10 for tr in _node_traces(fig) for t in tr.text)
+
+
+def test_a_phone_gets_shorter_labels_and_no_drag_capture():
+    big = make_run(MC_SIM_7B_63, accepted_leaves=[40])
+    fig = tree_figure(big.tree, big.rounds[0], Look(width=390))
+    assert all(len(t) <= 6 for tr in _node_traces(fig) for t in tr.text)
+    assert fig.layout.dragmode is False
+
+
+def test_projector_scales_type_up():
+    run = make_run(SMALL_CHOICES, accepted_leaves=[6])
+    laptop, projector = (tree_figure(run.tree, run.rounds[0], Look(projector=p)) for p in (False, True))
+    assert projector.layout.font.size > laptop.layout.font.size
+    assert projector.layout.height > laptop.layout.height
 
 
 # ----------------------------------------------------------------------------- mask figure
 
 def test_mask_cells_match_ancestry(run):
     tree, rnd = run.tree, run.rounds[0]
-    fig = figures.mask_figure(tree, rnd)
-    (heat,) = fig.data
+    (heat,) = mask_figure(tree, rnd).data
     for row in range(tree.size):
-        ancestors = set(path_to_root(tree.parents, row))
+        ancestors = set(path_nodes(tree, row))
         for col in range(tree.size):
             allowed = heat.z[row][col] > 0
             assert allowed == (col in ancestors)
             assert (heat.z[row][col] == 2) == (allowed and row in rnd.accepted_nodes)
-            if allowed and col != row:
-                assert "because" in heat.text[row][col]
+            assert ("sees" in heat.text[row][col]) == allowed
 
 
 def test_mask_uses_integer_coordinates_unique_labels_and_row_zero_on_top():
@@ -134,61 +165,85 @@ def test_mask_uses_integer_coordinates_unique_labels_and_row_zero_on_top():
     run = make_run(SMALL_CHOICES, accepted_leaves=[1])
     rnd = run.rounds[0]
     rnd.node_texts = [" the"] * run.tree.size
-    fig = figures.mask_figure(run.tree, rnd)
+    fig = mask_figure(run.tree, rnd)
     (heat,) = fig.data
     assert list(heat.x) == list(heat.y) == list(range(run.tree.size))
     labels = list(fig.layout.yaxis.ticktext)
-    assert len(labels) == len(set(labels)) == run.tree.size
-    assert list(fig.layout.xaxis.ticktext) == labels
+    assert len(labels) == len(set(labels)) == run.tree.size  # a small tree: every row labelled
     assert fig.layout.yaxis.autorange == "reversed"
-    assert fig.layout.height and fig.layout.uirevision
 
 
-def test_reference_tree_mask_labels_unique():
-    big = make_run(MC_SIM_7B_63, accepted_leaves=[12])
-    labels = figures.mask_labels(big.tree, big.rounds[0])
-    assert len(set(labels)) == 64
+def test_a_big_mask_labels_the_accepted_rows_and_thins_the_rest():
+    big = make_run(MC_SIM_7B_63, accepted_leaves=[40])
+    rnd = big.rounds[0]
+    fig = mask_figure(big.tree, rnd)
+    shown = list(fig.layout.yaxis.tickvals)
+    assert set(rnd.accepted_nodes) <= set(shown)
+    assert 8 <= len(shown) < 40
+    assert list(fig.layout.yaxis.ticktext) == [mask_label(rnd, n) for n in shown]
+    assert all(mask_label(rnd, n).startswith("✓") for n in rnd.accepted_nodes)
+    (heat,) = fig.data
+    assert all(len(row) == 64 and all(row) for row in heat.text)  # a hover for every cell
+
+
+def test_labelled_nodes_never_put_two_labels_closer_than_half_the_step():
+    shown = labelled_nodes(64, [0, 3, 17, 40], every=6)
+    others = [n for n in shown if n not in (0, 3, 17, 40)]
+    assert all(min(abs(n - a) for a in (0, 3, 17, 40)) >= 3 for n in others)
+    assert labelled_nodes(9, [0, 2], every=1) == list(range(9))
 
 
 # ----------------------------------------------------------------------------- race and stats
 
 def test_race_timeline_counts_every_token_at_its_measured_time(run):
-    times, counts = figures.timeline(run)
+    times, counts = charts.timeline(run)
     assert counts[-1] == len(run.tokens)
     assert times[-1] == pytest.approx(run.total_time)
     assert times == sorted(times)
 
 
-def test_race_figure_has_both_lines_and_the_speedup(run):
+def test_recording_time_is_left_out_of_the_race_clock(run):
+    for rnd in run.rounds:
+        rnd.time_trace = 0.001
+    times, _ = charts.timeline(run)
+    assert times[-1] == pytest.approx(run.total_time - 0.001 * len(run.rounds))
+
+
+def test_race_figure_replays_the_median_race(run):
+    from app.race import RaceResult
+
     ar = make_ar_run(len(run.tokens), seconds_per_token=0.01)
-    fig = figures.race_figure(ar, run)
-    assert [t.name.split(":")[0] for t in fig.data] == ["plain decoding (AR)", "Medusa"]
-    assert f"{figures.speedup(ar, run):.2f}×" in fig.layout.title.text
+    fig = charts.race_figure(RaceResult([(ar, run)]))
+    assert [t.name.split(":")[0] for t in fig.data] == ["plain decoding", "Medusa"]
     assert f"{ar.forward_passes} passes" in fig.data[0].name
-    cut = figures.race_figure(ar, run, until=0.02)
+    cut = charts.race_figure(RaceResult([(ar, run)]), until=0.02)
     assert max(cut.data[0].x) <= 0.02
 
 
 def test_acceptance_by_depth(run):
     # Accepted guesses per round: 3, 0, 2.
-    rows = figures.acceptance_by_depth(run)
+    rows = charts.acceptance_by_depth(run)
     assert rows == [(1, 2 / 3, 2 / 3), (2, 2 / 3, 1.0), (3, 1 / 3, 1 / 2)]
-    hist = figures.accepted_histogram(run)
+    hist = charts.accepted_histogram(run)
     assert list(hist.data[0].y) == [1, 0, 1, 1]
 
 
 def test_speed_figure_with_and_without_a_race(run):
-    alone = figures.speed_figure(run, None)
-    assert len(alone.data[0].x) == 1
-    ar = make_ar_run(len(run.tokens))
-    both = figures.speed_figure(run, ar)
-    assert both.data[0].y[2] == pytest.approx(figures.speedup(ar, run))
+    from app.race import RaceResult
+
+    assert len(charts.speed_figure(run, None).data[0].x) == 1
+    ar = make_ar_run(len(run.tokens), seconds_per_token=0.004)
+    both = charts.speed_figure(run, RaceResult([(ar, run)]))
+    # Hand-made: plain 0.01 + 8 x 0.004 s, Medusa 0.01 + 3 x 0.0055 s, 9 tokens each.
+    assert both.data[0].y[2] == pytest.approx((0.01 + 8 * 0.004) / (0.01 + 3 * 0.0055))
+    assert both.data[0].y[1] == pytest.approx(0.0055 / 0.004)
 
 
 def test_figures_serialise_to_json(run):
-    for fig in (figures.tree_figure(run.tree, run.rounds[0]),
-                figures.mask_figure(run.tree, run.rounds[0]),
-                figures.race_figure(make_ar_run(5), run), figures.head_acceptance_figure(run)):
+    from app.race import RaceResult
+
+    for fig in (tree_figure(run.tree, run.rounds[0]), mask_figure(run.tree, run.rounds[0]),
+                charts.race_figure(RaceResult([(make_ar_run(5), run)])), charts.head_acceptance_figure(run)):
         json.loads(fig.to_json())
 
 
@@ -196,85 +251,26 @@ def test_figures_serialise_to_json(run):
 
 def test_stream_html_groups_tokens_by_pass_and_marks_head_tokens(run):
     html = stream_html(run)
-    assert html.count('class="pass"') == 1 + len(run.rounds)
+    assert html.count('class="pass') == 1 + len(run.rounds)
     assert html.count("tok-head") == sum(sum(r.emitted_from_heads) for r in run.rounds)
-    assert stream_html(run, until=0.0).count('class="pass"') == 0
+    assert stream_html(run, until=0.0).count('class="pass') == 0
+
+
+def test_stream_marks_the_round_in_view_and_each_box_names_its_round(run):
+    html = stream_html(run, current=1)
+    assert html.count("pass current") == 1
+    assert 'class="pass current" data-round="2"' in html
+    assert [f'data-round="{k}"' in html for k in (1, 2, 3)] == [True] * 3
 
 
 def test_figure_text_escapes_the_tags_plotly_would_read(run):
     rnd = run.rounds[0]
     rnd.node_texts = ["<br>"] * run.tree.size
-    fig = figures.tree_figure(run.tree, rnd)
-    labels = [t for tr in _trace_named(fig, "head") for t in tr.text]
+    labels = [t for tr in _node_traces(tree_figure(run.tree, rnd)) for t in tr.text]
     assert labels and all(label == "&lt;br&gt;" for label in labels)
-    assert "<br>" not in figures.mask_labels(run.tree, rnd)[3]
+    assert "<br>" not in mask_label(rnd, 3)
 
 
 def test_stream_html_escapes_text(run):
     run.prompt = "<script>alert(1)</script>"
     assert "<script>" not in stream_html(run)
-
-
-# ----------------------------------------------------------------------------- explainer text
-
-def test_explainer_steps_load_with_labels_and_the_view_they_point_at():
-    from app.text import load_steps
-
-    steps = load_steps()
-    assert len(steps) == 7
-    assert all(step.label and len(step.label) <= 14 for step in steps)
-    assert {step.shows for step in steps} <= {"race", "stream", "tree", "mask", "stats", "none"}
-    assert all(step.template.startswith(f"### {step.title}") for step in steps)
-
-
-def test_explainer_is_filled_with_this_runs_numbers(run):
-    from app.text import PLACEHOLDER, explainer_values, load_steps, render_steps
-
-    ar = make_ar_run(len(run.tokens))
-    steps = load_steps()
-    wanted = {name for step in steps for name in PLACEHOLDER.findall(step.template)}
-    assert wanted <= set(explainer_values(run, ar)), wanted - set(explainer_values(run, ar))
-    texts = render_steps(steps, run, ar)
-    assert not any("{{" in text for text in texts)
-    speedup_step = texts[5]
-    assert f"**{run.forward_passes} passes produced {len(run.tokens)} tokens**" in speedup_step
-    assert f"{figures.speedup(ar, run):.2f}×" in speedup_step
-
-
-def test_explainer_before_any_run_shows_dashes_not_placeholders():
-    from app.text import MISSING, load_steps, render_steps
-
-    texts = render_steps(load_steps(), None, None)
-    assert not any("{{" in text for text in texts)
-    assert MISSING in texts[5]
-
-
-def test_round_cost_parts_split_a_round_into_verify_and_drafting(run):
-    # Hand-made rounds: draft 1 ms, verify 4 ms, accept 0.5 ms; the plain passes take 4 ms each.
-    ar = make_ar_run(len(run.tokens), seconds_per_token=0.004)
-    verify, draft_accept = figures.round_cost_parts(ar, run)
-    assert verify == pytest.approx(1.0) and draft_accept == pytest.approx(0.375)
-    assert verify + draft_accept == pytest.approx(figures.pass_cost_ratio(ar, run))
-    assert figures.round_cost_parts(ar, make_run(SMALL_CHOICES, accepted_leaves=[])) == (0.0, 0.0)
-
-
-def test_speedup_step_shows_where_a_rounds_time_goes(run):
-    from app.text import load_steps, render_steps
-
-    ar = make_ar_run(len(run.tokens), seconds_per_token=0.004)
-    speedup_step = render_steps(load_steps(), run, ar)[5]
-    assert "verify pass alone cost 1.00 plain passes" in speedup_step
-    assert "accepting 0.38" in speedup_step
-    assert f"≈ **{run.mean_accepted / 1.0:.2f}×**" in speedup_step
-
-
-def test_stats_page_names_the_verify_cost_and_the_ceiling(run):
-    from app.ui import stats_views
-
-    ar = make_ar_run(len(run.tokens), seconds_per_token=0.004)
-    text = stats_views(run, ar, scale=1.0)[0]
-    assert "cost **1.38×**" in text and "verify pass over the whole tree cost 1.00×" in text
-    assert f"ceiling is {run.mean_accepted:.2f} ÷ 1.00" in text
-    assert "Race" in stats_views(run, None, scale=1.0)[0]
-    # A sampled plain run can end at its first token: nothing to compare a round with, no crash.
-    assert "ceiling" not in stats_views(run, make_ar_run(1), scale=1.0)[0]

@@ -1,0 +1,125 @@
+"""The race and the statistics, as Plotly figures. No Gradio here; the arithmetic is `decoding.stats`."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import plotly.graph_objects as go
+
+from decoding.stats import Timing, round_cost, round_end_times
+from decoding.trace import RunTrace
+
+from .figure_style import LAPTOP, Look, base_layout, message_figure
+from .palette import ACCEPTED, AR, MEDUSA, head_colour
+from .race import RaceResult
+
+
+def timeline(trace: RunTrace) -> tuple[list[float], list[int]]:
+    """(decoding seconds since the start, tokens produced by then) after the prefill and every round."""
+    times, counts = [0.0], [0]
+    if trace.prefill_token is not None:
+        times.append(trace.time_prefill)
+        counts.append(1)
+    for end, rnd in zip(round_end_times(trace), trace.rounds):
+        times.append(end)
+        counts.append(counts[-1] + rnd.accepted_length)
+    return times, counts
+
+
+def race_figure(result: RaceResult | None, until: float | None = None, look: Look = LAPTOP) -> go.Figure:
+    """Tokens against time for the replayed race, as measured; `until` cuts the replay."""
+    if result is None:
+        return message_figure("Press Race to measure both decoders.", look)
+    ar, medusa = result.shown
+    fig = go.Figure()
+    for trace, name, colour in ((ar, "plain decoding", AR), (medusa, "Medusa", MEDUSA)):
+        times, counts = timeline(trace)
+        if until is not None:
+            keep = [i for i, t in enumerate(times) if t <= until]
+            times, counts = [times[i] for i in keep], [counts[i] for i in keep]
+        fig.add_trace(go.Scatter(
+            x=times, y=counts, mode="lines+markers", line=dict(color=colour, width=3 * look.scale, shape="hv"),
+            marker=dict(size=5 * look.scale), name=f"{name}: {trace.forward_passes} passes",
+            hovertemplate=f"{name}<br>%{{y}} tokens at %{{x:.3f}} s<extra></extra>",
+        ))
+    fig.update_layout(title=dict(text=f"The median race, replayed (race {result.pairs.index(result.shown) + 1} "
+                                      f"of {len(result.pairs)})", x=0.01),
+                      legend=dict(orientation="h", yanchor="bottom", y=1.0, x=1, xanchor="right"))
+    fig.update_xaxes(title="decoding seconds since the run started (prefill included)", rangemode="tozero")
+    fig.update_yaxes(title="tokens", rangemode="tozero")
+    fig = base_layout(fig, height=round(340 * look.scale), look=look, uirevision="race")
+    fig.update_layout(margin=dict(l=10, r=10, t=round(80 * look.scale), b=10))
+    return fig
+
+
+def accepted_length_counts(trace: RunTrace) -> Counter[int]:
+    """How many rounds added 1, 2, 3, ... tokens."""
+    return Counter(rnd.accepted_length for rnd in trace.rounds)
+
+
+def acceptance_by_depth(trace: RunTrace) -> list[tuple[int, float, float]]:
+    """Per depth d (= head d): (d, share of rounds that accepted a depth-d guess,
+    share of rounds that reached depth d - 1 and then accepted one at depth d too)."""
+    if trace.tree is None or not trace.rounds:
+        return []
+    reached = [len(rnd.accepted_nodes) - 1 for rnd in trace.rounds]  # guesses accepted per round
+    rows = []
+    for depth in range(1, max(trace.tree.depths) + 1):
+        got = sum(1 for r in reached if r >= depth)
+        tried = sum(1 for r in reached if r >= depth - 1)
+        rows.append((depth, got / len(reached), got / tried if tried else 0.0))
+    return rows
+
+
+def accepted_histogram(trace: RunTrace, look: Look = LAPTOP) -> go.Figure:
+    """Rounds by tokens added: 1 = only the base model's token, more = heads were right."""
+    counts = accepted_length_counts(trace)
+    lengths = list(range(1, max(counts, default=1) + 1))
+    fig = go.Figure(go.Bar(
+        x=lengths, y=[counts.get(k, 0) for k in lengths], marker_color=MEDUSA,
+        hovertemplate="%{y} round(s) added %{x} token(s)<extra></extra>",
+    ))
+    fig.update_layout(title=dict(text=f"Tokens added per pass (mean {trace.mean_accepted:.2f})", x=0.01))
+    fig.update_xaxes(title="tokens added in one pass", dtick=1)
+    fig.update_yaxes(title="rounds")
+    return base_layout(fig, height=round(300 * look.scale), look=look, uirevision="hist")
+
+
+def head_acceptance_figure(trace: RunTrace, look: Look = LAPTOP) -> go.Figure:
+    """Per head: how often its guess made it into the output, overall and once it had a chance."""
+    rows = acceptance_by_depth(trace)
+    if not rows:
+        return message_figure("Run Medusa to see how often each head is right.", look)
+    heads = [f"head {d}" for d, _, _ in rows]
+    colours = [head_colour(d) for d, _, _ in rows]
+    fig = go.Figure([
+        go.Bar(x=heads, y=[a for _, a, _ in rows], name="of all rounds", marker_color=colours,
+               hovertemplate="%{x}: accepted in %{y:.0%} of rounds<extra></extra>"),
+        go.Bar(x=heads, y=[c for _, _, c in rows], name="when the path reached it",
+               marker=dict(color=colours, pattern_shape="/"),
+               hovertemplate="%{x}: accepted in %{y:.0%} of the rounds whose path got this deep"
+                             "<extra></extra>"),
+    ])
+    fig.update_layout(title=dict(text="Acceptance rate per head (= depth)", x=0.01), barmode="group",
+                      legend=dict(orientation="h", yanchor="bottom", y=1.0, x=1, xanchor="right"))
+    fig.update_yaxes(tickformat=".0%", range=[0, 1.05])
+    fig = base_layout(fig, height=round(300 * look.scale), look=look, uirevision="heads")
+    fig.update_layout(margin=dict(l=10, r=10, t=round(80 * look.scale), b=10))
+    return fig
+
+
+def speed_figure(medusa: RunTrace, race: RaceResult | None, look: Look = LAPTOP) -> go.Figure:
+    """Tokens per pass (what the heads buy) against the measured speedup (what you get)."""
+    per_pass = Timing.of(medusa).tokens_per_pass
+    bars = [("tokens per pass", per_pass, f"{per_pass:.2f}", MEDUSA)]
+    if race is not None:
+        cost, median = round_cost(race.ar_timing, race.medusa_timing), race.spread.median
+        bars += [("cost of a Medusa round<br>(in plain steps)", cost, f"{cost:.2f}×", AR),
+                 ("measured speedup<br>(median of the races)", median, f"{median:.2f}×", ACCEPTED)]
+    names, values, labels, colours = (list(column) for column in zip(*bars))
+    fig = go.Figure(go.Bar(x=names, y=values, marker_color=colours, text=labels, textposition="outside",
+                           hovertemplate="%{x}: %{y:.2f}<extra></extra>"))
+    fig.update_layout(title=dict(text="Tokens per pass vs. wall-clock speedup", x=0.01))
+    fig.update_yaxes(rangemode="tozero", range=[0, max(values) * 1.25 + 0.1])
+    return base_layout(fig, height=round(300 * look.scale), look=look, uirevision="speed")
+

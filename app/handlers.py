@@ -1,0 +1,339 @@
+"""The page's events: read the visitor's settings by name, run the engine, hand views to Gradio.
+
+Handlers receive their inputs as one dict (Gradio passes a dict when `inputs` is a set) and read
+it through `Page`, which names every component: no handler depends on the order of a list. They
+answer with a dict of the components they change, so an update touches only what changed.
+
+While a run streams, the token stream updates every `PUSH_EVERY` seconds but the tree and mask
+only on the first round, every `FIGURES_EVERY` seconds and at the end: redrawing a 64-node tree
+and its 64x64 mask for every round would keep the browser busy long after the run ends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import gradio as gr
+from gradio.components import Component
+
+from decoding.errors import DecodingError
+from decoding.generate import generate, stream
+from decoding.loading import MedusaModel
+from decoding.settings import DecodeSettings
+from decoding.trace import RunTrace
+
+from . import charts, views
+from .figure_style import Look
+from .inputs import RunRequest, decode_settings, describe_tree, format_choices, parse_tree_json
+from .models import ModelCache, offered_models, require_offered
+from .race import RaceResult, race
+from .text import Step, render_steps
+
+PUSH_EVERY = 0.25  # seconds between updates of the token stream while a run streams
+FIGURES_EVERY = 2.0  # seconds between redraws of the tree and mask while a run streams
+DOWNLOADS = Path(tempfile.gettempdir()) / "medusa-playground-downloads"
+KEEP_DOWNLOADS = 32
+
+cache = ModelCache()
+
+
+@dataclass
+class Page:
+    """The components the handlers read and write, by name."""
+
+    request: dict[str, Component]  # RunRequest field name -> the component holding it
+    projector: Component
+    width: Component
+    tabs: Component
+    run_state: Component
+    race_state: Component
+    stream_box: Component
+    summary: Component
+    slider: Component
+    round_md: Component
+    tree_plot: Component
+    mask_plot: Component
+    race_status: Component
+    ar_pane: Component
+    medusa_pane: Component
+    race_plot: Component
+    race_md: Component
+    stats_md: Component
+    stats_plots: list[Component]
+    banner_md: Component
+    step_mds: list[Component]
+    run_download: Component
+    race_download: Component
+    playing: Component
+    timer: Component
+    play_button: Component
+    prev_button: Component
+    next_button: Component
+    steps: list[Step]
+
+    def inputs(self) -> set[Component]:
+        return {*self.request.values(), self.projector, self.width}
+
+    def read(self, values: dict[Component, object]) -> RunRequest:
+        return RunRequest(**{name: values[component] for name, component in self.request.items()})
+
+    def look(self, values: dict[Component, object]) -> Look:
+        return look_of(values[self.projector], values[self.width])
+
+    def playground(self) -> list[Component]:
+        return [self.stream_box, self.summary, self.slider, self.round_md, self.tree_plot, self.mask_plot]
+
+    def race_views(self) -> list[Component]:
+        return [self.race_status, self.ar_pane, self.medusa_pane, self.race_plot, self.race_md]
+
+    def round_views(self) -> list[Component]:
+        return [self.slider, self.round_md, self.tree_plot, self.mask_plot, self.stream_box]
+
+    def after_run(self) -> list[Component]:
+        return [self.stats_md, *self.stats_plots, self.banner_md, *self.step_mds,
+                self.run_download, self.race_download]
+
+
+def look_of(projector: bool, width: float | None) -> Look:
+    return Look(projector=bool(projector), width=int(width or 1280))
+
+
+def _load(name: str) -> MedusaModel:
+    try:
+        return cache.get(require_offered(name))
+    except DecodingError as e:
+        raise gr.Error(str(e)) from e
+
+
+def _settings(model: MedusaModel, request: RunRequest) -> DecodeSettings:
+    try:
+        return decode_settings(model, request)
+    except DecodingError as e:
+        raise gr.Error(str(e)) from e
+
+
+# ----------------------------------------------------------------------------- run
+
+def round_updates(page: Page, trace: RunTrace | None, index: int, look: Look) -> dict:
+    """The slider, round numbers, tree and mask for round `index` of a run."""
+    view = views.round_view(trace, index, look)
+    rounds = len(trace.rounds) if trace else 0
+    index = views.clamp_round(trace, index)
+    # A slider needs minimum < maximum, so a one-round run still gets a (disabled) 1..2 range.
+    slider = gr.Slider(minimum=1, maximum=max(rounds, 2), value=index + 1, step=1,
+                       interactive=rounds > 1, label=views.round_label(trace))
+    return {page.slider: slider, page.round_md: view.info, page.tree_plot: view.tree, page.mask_plot: view.mask}
+
+
+def run_medusa(page: Page, values: dict) -> Iterator[dict]:
+    """Stream a Medusa run into the Playground."""
+    pressed = time.perf_counter()
+    request, look = page.read(values), page.look(values)
+    model = _load(request.model)
+    settings = _settings(model, request)
+    yield {page.tabs: gr.Tabs(selected="playground"), page.summary: "Starting the run…"}
+    first_round_after = None
+    last_text = last_figures = 0.0
+    try:
+        for trace in stream(model, request.prompt, settings):
+            now = time.perf_counter()
+            update = {}
+            if trace.stop_reason or now - last_text >= PUSH_EVERY:
+                last_text = now
+                ended = time.time() if trace.stop_reason else None
+                update |= {page.run_state: trace, page.stream_box: views.stream_view(trace, ended_at=ended),
+                           page.summary: views.run_summary(trace, first_round_after)}
+            first_round = first_round_after is None and trace.rounds
+            if first_round:
+                first_round_after = now - pressed
+            if first_round or trace.stop_reason or (trace.rounds and now - last_figures >= FIGURES_EVERY):
+                last_figures = now
+                update |= round_updates(page, trace, len(trace.rounds) - 1, look)
+            if update:
+                yield update
+    except DecodingError as e:
+        raise gr.Error(str(e)) from e
+
+
+def show_run(page: Page, values: dict) -> dict:
+    """The Playground for the stored run, at its last round (after a race)."""
+    trace = values[page.run_state]
+    return {page.stream_box: views.stream_view(trace), page.summary: views.run_summary(trace) if trace else "",
+            **round_updates(page, trace, len(trace.rounds) - 1 if trace else 0, page.look(values))}
+
+
+# ----------------------------------------------------------------------------- race
+
+def race_updates(page: Page, view: views.RaceView) -> dict:
+    return {page.race_status: view.status, page.ar_pane: view.ar_pane, page.medusa_pane: view.medusa_pane,
+            page.race_plot: view.figure, page.race_md: view.verdict}
+
+
+def run_race(page: Page, values: dict) -> Iterator[dict]:
+    """Several alternating races after a warm-up; the median one is replayed, then shown."""
+    request, look = page.read(values), page.look(values)
+    model = _load(request.model)
+    settings = _settings(model, request)
+    last_push, last_phase = 0.0, ""
+    try:
+        for frame in race(model, request.prompt, settings, request.races):
+            now = time.perf_counter()
+            if frame.phase == last_phase and frame.phase != "done" and now - last_push < PUSH_EVERY:
+                continue
+            update = race_updates(page, views.race_view(frame, look))
+            if not last_phase:  # the first frame: show the Race tab, clear the last race's verdict
+                update[page.tabs] = gr.Tabs(selected="race")
+            if frame.result is not None:
+                update |= {page.race_state: frame.result, page.run_state: frame.result.shown[1]}
+            last_push, last_phase = now, frame.phase
+            yield update
+    except DecodingError as e:
+        raise gr.Error(str(e)) from e
+
+
+# ----------------------------------------------------------------------------- after a run
+
+def write_json(name: str, data: dict) -> str:
+    """A file for a download button: DOWNLOADS/<content hash>/<name>, the oldest pruned, so a
+    long-running server keeps at most KEEP_DOWNLOADS of them."""
+    text = json.dumps(data, indent=1)
+    folder = DOWNLOADS / hashlib.sha256(text.encode()).hexdigest()[:16]
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(text, encoding="utf-8")
+    old = sorted(DOWNLOADS.iterdir(), key=lambda p: p.stat().st_mtime)[:-KEEP_DOWNLOADS]
+    for stale in old:
+        for file in stale.iterdir():
+            file.unlink(missing_ok=True)
+        stale.rmdir()
+    return str(path)
+
+
+def after_run(page: Page, values: dict) -> dict:
+    """Stats, the explainer's numbers and the downloads, once a run (or race) has finished."""
+    run: RunTrace | None = values[page.run_state]
+    result: RaceResult | None = values[page.race_state]
+    look = page.look(values)
+    run_file = write_json("medusa_trace.json", run.to_dict()) if run else None
+    race_file = (write_json("race_traces.json", {"races": [{"ar": ar.to_dict(), "medusa": medusa.to_dict()}
+                                                           for ar, medusa in result.pairs]})
+                 if result else None)
+    return {
+        page.stats_md: views.stats_text(run, result),
+        **dict(zip(page.stats_plots, views.stats_figures(run, result, look))),
+        page.banner_md: views.learn_banner(run, result),
+        **dict(zip(page.step_mds, render_steps(page.steps, run, result))),
+        page.run_download: gr.DownloadButton(value=run_file, interactive=run_file is not None),
+        page.race_download: gr.DownloadButton(value=race_file, interactive=race_file is not None),
+    }
+
+
+def redraw(page: Page, values: dict) -> dict:
+    """Every figure again for a new look (projector mode on or off)."""
+    run, result, look = values[page.run_state], values[page.race_state], page.look(values)
+    view = views.round_view(run, int(values[page.slider]) - 1, look)
+    return {page.tree_plot: view.tree, page.mask_plot: view.mask,
+            page.race_plot: charts.race_figure(result, look=look),
+            **dict(zip(page.stats_plots, views.stats_figures(run, result, look)))}
+
+
+# ----------------------------------------------------------------------------- rounds
+
+def show_round(page: Page, values: dict, index: int) -> dict:
+    """Round `index` (0-based): its figures, and its tokens marked in the stream."""
+    trace = values[page.run_state]
+    index = views.clamp_round(trace, index)
+    return {**round_updates(page, trace, index, page.look(values)),
+            page.stream_box: views.stream_view(trace, current=index) if trace else gr.skip()}
+
+
+def step_round(page: Page, values: dict, delta: int) -> dict:
+    return show_round(page, values, int(values[page.slider]) - 1 + delta)
+
+
+def jump_to_round(page: Page, values: dict, event: gr.EventData) -> dict:
+    """A click on a pass in the stream: show that pass's round."""
+    number = (event._data or {}).get("round")
+    if not isinstance(number, int) or number < 1:
+        return {}
+    return show_round(page, values, number - 1)
+
+
+def toggle_play(page: Page, values: dict) -> dict:
+    """Play or pause; playing from the last round starts again at round 1."""
+    trace = values[page.run_state]
+    start = not values[page.playing] and trace is not None and len(trace.rounds) > 1
+    update = {page.playing: start, page.timer: gr.Timer(active=start),
+              page.play_button: gr.Button(value="⏸ Pause" if start else "▶ Play")}
+    if start and int(values[page.slider]) >= len(trace.rounds):
+        update |= show_round(page, values, 0)
+    return update
+
+
+def play_tick(page: Page, values: dict) -> dict:
+    """Advance one round; stop at the last (the timer and button go back to idle)."""
+    trace = values[page.run_state]
+    index = int(values[page.slider])  # the next round, 0-based
+    if trace is None or index >= len(trace.rounds):
+        return {page.playing: False, page.timer: gr.Timer(active=False), page.play_button: gr.Button(value="▶ Play")}
+    return show_round(page, values, index)
+
+
+# ----------------------------------------------------------------------------- settings
+
+def switch_model(name: str, previous: str) -> tuple:
+    """Load the chosen model; if it cannot load, say why and go back to the previous one."""
+    try:
+        model = cache.get(require_offered(name))
+    except DecodingError as e:
+        gr.Warning(str(e))
+        return (previous, previous, gr.skip(), gr.skip(), gr.skip(), gr.skip())
+    return (gr.skip(), name, views.model_card(model),
+            gr.Slider(maximum=model.num_heads, value=model.num_heads),
+            gr.Dropdown(choices=list(model.trees), value=model.default_tree),
+            format_choices(model.trees[model.default_tree]))
+
+
+def preset_text(model_name: str, preset: str) -> str:
+    trees = _load(model_name).trees
+    return format_choices(trees[preset]) if preset in trees else gr.skip()
+
+
+def tree_status(text: str, num_heads: float, model_name: str, preset: str) -> str:
+    model = _load(model_name)
+    return describe_tree(text, model.trees.get(preset), model.num_heads, int(num_heads))
+
+
+def acceptance_controls(acceptance: str) -> tuple:
+    """Temperature and seed matter only when sampling; ε and δ only for typical acceptance."""
+    sampling = acceptance != "greedy"
+    return (gr.Slider(visible=sampling), gr.Slider(visible=acceptance == "typical"),
+            gr.Slider(visible=acceptance == "typical"), gr.Number(visible=sampling))
+
+
+# ----------------------------------------------------------------------------- the API
+
+def trace_api(prompt: str, max_new_tokens: int = DecodeSettings.max_new_tokens, acceptance: str = "greedy",
+              tree: str = "default", num_heads: int = 0, model: str = "",
+              temperature: float = DecodeSettings.temperature, seed: int = -1) -> dict:
+    """Run Medusa on `prompt` and return the whole trace as JSON (the schema of decoding.trace).
+
+    `tree` is a preset name, "default", or a choices list as JSON; `num_heads` 0 uses all heads;
+    `model` "" uses the page's default model, and any other value must be a model the page
+    offers; `seed` -1 draws a fresh one.
+    """
+    try:
+        mm = cache.get(require_offered(model or offered_models()[0]))
+        spec = tree if tree == "default" or tree in mm.trees else parse_tree_json(tree)
+        settings = DecodeSettings(max_new_tokens=int(max_new_tokens), acceptance=acceptance,
+                                  temperature=float(temperature), tree=spec,
+                                  num_heads=int(num_heads) or None, seed=None if seed < 0 else int(seed))
+        return generate(mm, prompt, settings).to_dict()
+    except DecodingError as e:
+        raise gr.Error(str(e)) from e

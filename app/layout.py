@@ -1,0 +1,344 @@
+"""The page: where each component sits, and which event runs which handler.
+
+Everything a visitor asked for is in view at 1280x800 after Run or Race: the prompt row is
+compact (examples in a menu, not a table), the results' tabs follow at once, and a click on Run
+or Race scrolls them to the top. The settings live in a sidebar that starts closed on narrow
+screens and in projector mode.
+
+Every event that runs the model shares one concurrency id (`MODEL_QUEUE`, limit 1): visitors
+queue for the model and none is dropped. Only `/trace` is a public API endpoint; every other
+event is private (`api_visibility="private"`), so the API page lists what the README documents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import gradio as gr
+
+from decoding.settings import DecodeSettings
+from decoding.prompts import example_prompts
+
+from . import handlers
+from .figure_style import message_figure
+from .gpu import ON_ZERO_GPU, gpu
+from .handlers import Page
+from .inputs import describe_tree, format_choices
+from .models import missing_models, model_choices, warm_up
+from .race import DEFAULT_RACES, MAX_RACES
+from .text import Step, load_steps, load_text, render_steps
+from .views import RACE_IDLE, learn_banner, model_card, stats_figures, stats_text, stream_view
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+MODEL_QUEUE = "model"
+PRIVATE = dict(api_visibility="private")
+MAX_NEW_TOKENS_UI = 256
+PLAY_EVERY = 1.5  # seconds per round when playing; drawing a 64-node round takes most of a second
+DEFAULT_PROMPTS = ["It was a fine morning, and Elizabeth", "My dear Emma, said Mr. Knightley,"]
+DEFAULTS = DecodeSettings()
+# Where each explainer step points: (tab id, element id, button label).
+POINTERS = {
+    "race": ("race", "race-panes", "Show me the race"),
+    "stream": ("playground", "stream-box", "Show me the output"),
+    "tree": ("playground", "tree-plot", "Show me the tree"),
+    "mask": ("playground", "mask-plot", "Show me the mask"),
+    "stats": ("stats", "stats-figures", "Show me the stats"),
+}
+# Plotly sizes a figure drawn inside a hidden tab wrongly; a resize event after every tab switch
+# makes each visible figure fit its box again (Gradio's figures are responsive to resizes).
+RESIZE_PLOTS = "() => { setTimeout(() => window.dispatchEvent(new Event('resize')), 80); }"
+CLOSE_SIDEBAR = "document.querySelector('.sidebar.open .toggle-button')?.click();"
+ON_LOAD = f"""() => {{ if (window.innerWidth < 1000) {{ {CLOSE_SIDEBAR} }} return window.innerWidth; }}"""
+TOGGLE_PROJECTOR = f"""(on) => {{ document.body.classList.toggle('projector', on);
+  if (on) {{ {CLOSE_SIDEBAR} }} return on; }}"""
+SCROLL_TO_RESULTS = """() => { document.getElementById('results')?.scrollIntoView({block: 'start'}); }"""
+POINT_AT = """() => {{ const el = document.getElementById('{elem}');
+  if (el) {{ el.scrollIntoView({{behavior: 'smooth', block: 'center'}}); el.classList.add('pointed');
+             setTimeout(() => el.classList.remove('pointed'), 2200); }} }}"""
+# A click on a pass in the output stream selects its round (see handlers.jump_to_round).
+# New output scrolls into view, or the marked round when one is selected.
+STREAM_CLICKS = """element.addEventListener('click', (e) => {
+  const pass = e.target.closest('[data-round]');
+  if (pass) trigger('click', {round: Number(pass.dataset.round)}); });
+watch('value', () => { const box = element.querySelector('.stream'); if (!box) return;
+  const current = box.querySelector('.pass.current');
+  if (current) current.scrollIntoView({block: 'nearest'}); else box.scrollTop = box.scrollHeight; });"""
+
+
+def example_rows(model_names: list[str]) -> list[tuple[str, str]]:
+    """(prompt, model) pairs: every offered model's shipped examples, so picking one picks its model."""
+    rows = [(prompt, name) for name in model_names for prompt in example_prompts(name)]
+    return rows or [(prompt, model_names[0]) for prompt in DEFAULT_PROMPTS]
+
+
+def example_label(prompt: str, model: str) -> str:
+    first = prompt.strip().splitlines()[0]
+    return f"{model} · {first if len(first) <= 56 else first[:55] + '…'}"
+
+
+def model_note() -> str:
+    """Why a model the page could offer is missing, and the command that adds it."""
+    return "\n\n".join(f"*Not here yet:* {why}." for why in missing_models().values())
+
+
+def build_demo() -> gr.Blocks:
+    """Load the default model, warm it up, and lay out the page."""
+    choices = model_choices()
+    default = choices[0][1]
+    model = handlers.cache.get(default)
+    if not ON_ZERO_GPU:  # on ZeroGPU there is no GPU outside a request to warm up on
+        warm_up(model)
+    steps = load_steps()
+    examples = example_rows([name for _, name in choices])
+
+    with gr.Blocks(title="Medusa Playground", delete_cache=(3600, 3600)) as demo:
+        run_state, race_state, playing = gr.State(None), gr.State(None), gr.State(False)
+        current_model = gr.State(default)
+        width = gr.Number(value=1280, visible=False)
+
+        with gr.Row(elem_id="header"):
+            gr.HTML(load_text("header.html"))
+            projector = gr.Checkbox(label="Projector mode", value=False, scale=0, min_width=170,
+                                    elem_id="projector")
+
+        with gr.Sidebar(label="Decoding settings", open=True, width=320):
+            gr.Markdown("### Decoding settings")
+            acceptance = gr.Radio([("greedy (output unchanged)", "greedy"), ("typical acceptance", "typical"),
+                                   ("lossless sampling", "sample")], value=DEFAULTS.acceptance, label="Acceptance")
+            temperature = gr.Slider(0.05, 2.0, value=DEFAULTS.temperature, step=0.05, label="Temperature",
+                                    visible=False)
+            epsilon = gr.Slider(0.0, 0.5, value=DEFAULTS.epsilon, step=0.01, label="ε (hard threshold)", visible=False)
+            delta = gr.Slider(0.0, 1.0, value=DEFAULTS.delta, step=0.05, label="δ (entropy-scaled threshold)",
+                              visible=False)
+            seed = gr.Number(value=-1, precision=0, label="Seed (-1 = random)", visible=False)
+            preset = gr.Dropdown(list(model.trees), value=model.default_tree, label="Tree preset",
+                                 elem_id="tree-preset")
+            tree_json = gr.Code(format_choices(model.trees[model.default_tree]), language="json",
+                                label="Tree (Medusa choices: one path of ranks per node)", lines=6, max_lines=12,
+                                elem_id="tree-json")
+            tree_md = gr.Markdown(describe_tree(tree_json.value, model.trees[model.default_tree],
+                                                model.num_heads, model.num_heads), elem_id="tree-status")
+            num_heads = gr.Slider(1, model.num_heads, value=model.num_heads, step=1, precision=0,
+                                  label="Heads to use")
+
+        with gr.Row(elem_id="prompt-row"):
+            prompt = gr.Textbox(value=examples[0][0], label="Prompt", lines=3, max_lines=8, scale=3,
+                                elem_id="prompt")
+            with gr.Column(scale=2, min_width=300):
+                with gr.Row():
+                    model_dd = gr.Dropdown(choices, value=default, label="Model", elem_id="model-dropdown",
+                                           min_width=150)
+                    example_dd = gr.Dropdown([(example_label(p, m), str(i)) for i, (p, m) in enumerate(examples)],
+                                             value=None, label="Examples", elem_id="examples", min_width=150)
+                with gr.Row(elem_id="run-row"):
+                    max_new = gr.Slider(1, MAX_NEW_TOKENS_UI, value=DEFAULTS.max_new_tokens, step=1, precision=0,
+                                        label="Max new tokens", min_width=150, elem_id="max-new-tokens")
+                    with gr.Column(min_width=120, scale=0, elem_id="run-buttons"):
+                        run_btn = gr.Button("Run", variant="primary", elem_id="run-button", size="md")
+                        race_btn = gr.Button("Race vs plain", elem_id="race-button", size="md")
+        model_md = gr.Markdown(_model_text(model), elem_id="model-card")
+
+        with gr.Tabs(elem_id="results") as tabs:
+            with gr.Tab("Playground", id="playground"):
+                playground = _playground_tab()
+            with gr.Tab("Race", id="race"):
+                race_tab = _race_tab(tabs)
+            with gr.Tab("Stats", id="stats"):
+                stats_md = gr.Markdown(stats_text(None, None), elem_id="stats-explanation")
+                with gr.Column(elem_id="stats-figures"):
+                    empty = stats_figures(None, None)
+                    with gr.Row():
+                        hist_plot = gr.Plot(empty[0], show_label=False)
+                        heads_plot = gr.Plot(empty[1], show_label=False)
+                    speed_plot = gr.Plot(empty[2], show_label=False)
+            with gr.Tab("Learn", id="learn"):
+                banner_md = gr.Markdown(learn_banner(None, None))
+                step_mds = _walkthrough(steps, tabs)
+            with gr.Tab("Export", id="export"):
+                gr.Markdown(load_text("export_note.md"))
+                with gr.Row():
+                    run_dl = gr.DownloadButton("Download this run's trace (JSON)", interactive=False,
+                                               elem_id="download-trace")
+                    race_dl = gr.DownloadButton("Download the races' traces (JSON)", interactive=False)
+
+        timer = gr.Timer(PLAY_EVERY, active=False)
+        page = Page(
+            request=dict(prompt=prompt, model=model_dd, max_new_tokens=max_new, acceptance=acceptance,
+                         temperature=temperature, epsilon=epsilon, delta=delta, seed=seed, preset=preset,
+                         tree_text=tree_json, num_heads=num_heads, races=race_tab["races"]),
+            projector=projector, width=width, tabs=tabs, run_state=run_state, race_state=race_state,
+            stats_md=stats_md, stats_plots=[hist_plot, heads_plot, speed_plot], banner_md=banner_md,
+            step_mds=step_mds, run_download=run_dl, race_download=race_dl, playing=playing, timer=timer,
+            steps=steps, **playground, **{k: v for k, v in race_tab.items() if k != "races"},
+        )
+        _wire_runs(page, run_btn, race_btn)
+        _wire_rounds(page)
+        _wire_settings(page, model_dd, current_model, model_md, example_dd, examples, tree_md)
+        demo.load(None, None, width, js=ON_LOAD, **PRIVATE)
+        tabs.change(None, js=RESIZE_PLOTS, **PRIVATE)
+        projector.change(None, projector, None, js=TOGGLE_PROJECTOR, **PRIVATE)
+        projector.change(_handler(handlers.redraw, page), {run_state, race_state, page.slider, projector, width},
+                         [page.tree_plot, page.mask_plot, page.race_plot, *page.stats_plots], **PRIVATE)
+        gr.api(gpu(handlers.trace_api), api_name="trace", concurrency_id=MODEL_QUEUE, concurrency_limit=1)
+    # Redrawing events may run side by side; model work has its own queue of one (MODEL_QUEUE).
+    return demo.queue(default_concurrency_limit=8)
+
+
+def _model_text(model) -> str:
+    note = model_note()
+    return model_card(model) + (f"\n\n{note}" if note else "")
+
+
+def _playground_tab() -> dict:
+    stream_box = gr.HTML(stream_view(None), elem_id="stream-box", js_on_load=STREAM_CLICKS)
+    summary = gr.Markdown(elem_id="run-summary")
+    with gr.Row(elem_id="round-controls"):
+        prev_btn = gr.Button("◀", scale=0, min_width=50, elem_id="prev-round")
+        slider = gr.Slider(1, 2, value=1, step=1, label="Round (no rounds yet)", interactive=False,
+                           scale=4, elem_id="round-slider")
+        next_btn = gr.Button("▶", scale=0, min_width=50, elem_id="next-round")
+        play_btn = gr.Button("▶ Play", scale=0, min_width=130, elem_id="play-rounds")
+    round_md = gr.Markdown(elem_id="round-info")
+    with gr.Row(elem_id="round-figures"):
+        tree_plot = gr.Plot(message_figure("Press Run to see the candidate tree."), show_label=False,
+                            elem_id="tree-plot", scale=3, min_width=420)
+        mask_plot = gr.Plot(message_figure("…and here, its attention mask."), show_label=False,
+                            elem_id="mask-plot", scale=2, min_width=340)
+    with gr.Accordion("How to read the tree and the mask", open=False, elem_id="figure-keys"):
+        gr.Markdown(load_text("tree_key.md"))
+        gr.Markdown(load_text("mask_key.md"))
+    return dict(stream_box=stream_box, summary=summary, slider=slider, round_md=round_md,
+                tree_plot=tree_plot, mask_plot=mask_plot, prev_button=prev_btn, next_button=next_btn,
+                play_button=play_btn)
+
+
+def _race_tab(tabs: gr.Tabs) -> dict:
+    with gr.Row(equal_height=True):
+        races = gr.Slider(1, MAX_RACES, value=DEFAULT_RACES, step=1, precision=0, scale=3,
+                          label="Races (alternating plain / Medusa first, after a warm-up)", elem_id="race-count")
+        why = gr.Button("Why this speedup? See the Stats tab →", scale=1, elem_id="why-speedup")
+    why.click(lambda: gr.Tabs(selected="stats"), None, tabs, **PRIVATE)
+    race_md = gr.Markdown(elem_id="race-summary")
+    race_status = gr.Markdown(RACE_IDLE, elem_id="race-status")
+    with gr.Row(elem_id="race-panes", equal_height=True):
+        ar_pane = gr.HTML(elem_id="ar-pane")
+        medusa_pane = gr.HTML(elem_id="medusa-pane")
+    race_plot = gr.Plot(message_figure("Press Race to measure both decoders."), show_label=False,
+                        elem_id="race-plot")
+    gr.Markdown(load_text("timing_note.md"))
+    return dict(races=races, race_md=race_md, race_status=race_status, ar_pane=ar_pane,
+                medusa_pane=medusa_pane, race_plot=race_plot)
+
+
+def _handler(fn: Callable, page: Page) -> Callable[[dict], dict]:
+    """`fn(page, values)` as a one-argument event handler (Gradio passes a set's values as a dict)."""
+    def handler(values: dict) -> dict:
+        return fn(page, values)
+    return handler
+
+
+def _streaming(fn: Callable, page: Page) -> Callable[[dict], Iterator[dict]]:
+    def handler(values: dict) -> Iterator[dict]:
+        yield from fn(page, values)
+    return handler
+
+
+def _wire_runs(page: Page, run_btn: gr.Button, race_btn: gr.Button) -> None:
+    after = dict(fn=_handler(handlers.after_run, page),
+                 inputs={page.run_state, page.race_state, page.projector, page.width},
+                 outputs=page.after_run(), **PRIVATE)
+    model_work = dict(concurrency_id=MODEL_QUEUE, concurrency_limit=1, show_progress="minimal", **PRIVATE)
+    run_outputs = [page.tabs, page.run_state, *page.playground()]
+    for trigger in (run_btn.click, page.request["prompt"].submit):
+        trigger(gpu(_streaming(handlers.run_medusa, page)), page.inputs(), run_outputs, **model_work).then(**after)
+    for button in (run_btn, race_btn):
+        button.click(None, js=SCROLL_TO_RESULTS, **PRIVATE)
+    race_outputs = [page.tabs, page.run_state, page.race_state, *page.race_views()]
+    race_btn.click(gpu(_streaming(handlers.run_race, page), duration=300), page.inputs(), race_outputs,
+                   **model_work).then(
+        _handler(handlers.show_run, page), {page.run_state, page.projector, page.width}, page.playground(),
+        **PRIVATE,
+    ).then(**after)
+
+
+def _wire_rounds(page: Page) -> None:
+    """Stepping through a finished run's rounds: slider, buttons, Play, and clicks on the stream."""
+    inputs = {page.run_state, page.slider, page.projector, page.width}
+    outputs = page.round_views()
+
+    def show(values: dict) -> dict:
+        return handlers.show_round(page, values, int(values[page.slider]) - 1)
+
+    def previous(values: dict) -> dict:
+        return handlers.step_round(page, values, -1)
+
+    def following(values: dict) -> dict:
+        return handlers.step_round(page, values, +1)
+
+    def clicked(values: dict, event: gr.EventData) -> dict:
+        return handlers.jump_to_round(page, values, event)
+
+    page.slider.release(show, inputs, outputs, **PRIVATE)
+    page.prev_button.click(previous, inputs, outputs, **PRIVATE)
+    page.next_button.click(following, inputs, outputs, **PRIVATE)
+    page.stream_box.click(clicked, inputs, outputs, **PRIVATE)
+    play_outputs = [*outputs, page.playing, page.timer, page.play_button]
+    page.play_button.click(_handler(handlers.toggle_play, page), inputs | {page.playing}, play_outputs, **PRIVATE)
+    page.timer.tick(_handler(handlers.play_tick, page), inputs, play_outputs, **PRIVATE)
+
+
+def _wire_settings(page: Page, model_dd: gr.Dropdown, current_model: gr.State, model_md: gr.Markdown,
+                   example_dd: gr.Dropdown, examples: list[tuple[str, str]], tree_md: gr.Markdown) -> None:
+    request = page.request
+    request["acceptance"].change(handlers.acceptance_controls, request["acceptance"],
+                                 [request["temperature"], request["epsilon"], request["delta"], request["seed"]],
+                                 **PRIVATE)
+    model_dd.change(gpu(handlers.switch_model, duration=180), [model_dd, current_model],
+                    [model_dd, current_model, model_md, request["num_heads"], request["preset"],
+                     request["tree_text"]], concurrency_id=MODEL_QUEUE, concurrency_limit=1, **PRIVATE)
+    request["preset"].change(handlers.preset_text, [model_dd, request["preset"]], request["tree_text"], **PRIVATE)
+    for source in (request["tree_text"].change, request["num_heads"].change):
+        source(handlers.tree_status, [request["tree_text"], request["num_heads"], model_dd, request["preset"]],
+               tree_md, **PRIVATE)
+
+    def pick_example(index: str | None) -> tuple:
+        if index is None:
+            return gr.skip(), gr.skip()
+        prompt, model = examples[int(index)]
+        return prompt, model
+
+    example_dd.change(pick_example, example_dd, [request["prompt"], model_dd], **PRIVATE)
+
+
+def _walkthrough(steps: list[Step], tabs: gr.Tabs) -> list[gr.Markdown]:
+    """The Learn steps, each with a button that takes you to the live figure it explains."""
+    step_mds = []
+    initial = render_steps(steps, None, None)
+    with gr.Walkthrough(selected=0) as walkthrough:
+        for i, (step, text) in enumerate(zip(steps, initial)):
+            with gr.Step(step.label, id=i):
+                step_mds.append(gr.Markdown(text, elem_id=f"learn-step-{i + 1}"))
+                with gr.Row():
+                    if i > 0:
+                        gr.Button("◀ Back", size="sm", scale=0).click(
+                            lambda i=i: gr.Walkthrough(selected=i - 1), None, walkthrough, **PRIVATE)
+                    if step.shows in POINTERS:
+                        tab, elem, label = POINTERS[step.shows]
+                        gr.Button(label, size="sm", variant="primary", scale=0).click(
+                            lambda tab=tab: gr.Tabs(selected=tab), None, tabs, **PRIVATE
+                        ).then(None, js=POINT_AT.format(elem=elem), **PRIVATE)
+                    if i < len(steps) - 1:
+                        gr.Button("Next ▶", size="sm", scale=0).click(
+                            lambda i=i: gr.Walkthrough(selected=i + 1), None, walkthrough, **PRIVATE)
+    return step_mds
+
+
+def launch_options() -> dict:
+    """Theme and styling for `launch()` (Gradio 6 takes them there). Host and port are left to
+    Gradio, which reads GRADIO_SERVER_NAME and GRADIO_SERVER_PORT."""
+    theme = gr.themes.Soft(primary_hue="indigo", secondary_hue="slate", neutral_hue="slate",
+                           # System fonts only: the app must look right offline.
+                           font=[gr.themes.Font(f) for f in ("Inter", "ui-sans-serif", "system-ui", "sans-serif")],
+                           font_mono=[gr.themes.Font(f) for f in ("ui-monospace", "SFMono-Regular", "monospace")])
+    return dict(theme=theme, css=(ASSETS / "style.css").read_text(encoding="utf-8"), show_error=True)

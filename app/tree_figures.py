@@ -1,0 +1,280 @@
+"""One round's candidate tree and its attention mask, as Plotly figures. No Gradio here.
+
+Both figures stay light whatever the tree's size, because the browser redraws them while a run
+streams and on every step through the rounds: the tree is one trace per kind of edge and one per
+depth (not one per node), the mask one heatmap whose axis labels thin out as the tree grows.
+Large trees stay readable through their hover (every node, every mask cell) and Plotly's zoom.
+"""
+
+from __future__ import annotations
+
+import math
+
+import plotly.graph_objects as go
+
+from decoding.trace import RoundTrace, TreeTrace
+
+from .figure_style import LAPTOP, Look, base_layout, message_figure
+from .palette import ACCEPTED, ALLOWED, BASE, BLOCKED, INK, head_colour
+from .tokens import figure_text
+from .tree_layout import leaf_count, tidy_layout
+
+ROW_PX = 24  # vertical room per tree row (one leaf) when there is room for it
+MIN_ROWS = 8
+TREE_MAX_PX = 560  # a taller tree is squeezed (smaller labels) and read by zooming
+MASK_MAX_PX = 560
+TREE_MARGIN_PX = 90  # title and column headings
+
+
+def tree_height(tree: TreeTrace, look: Look = LAPTOP) -> int:
+    rows = max(leaf_count(tree.parents), MIN_ROWS)
+    return round(min(TREE_MARGIN_PX + ROW_PX * rows, TREE_MAX_PX) * look.scale)
+
+
+def head_prob(rnd: RoundTrace, tree: TreeTrace, node: int) -> float | None:
+    """The head's own softmax probability for the guess at `node` (None for the root)."""
+    if node == 0 or not rnd.heads_topk_probs:
+        return None
+    return rnd.heads_topk_probs[tree.heads[node] - 1][tree.ranks[node]]
+
+
+def next_token_text(rnd: RoundTrace) -> str:
+    """The token the round chose after its accepted path (traces older than that field: the argmax)."""
+    if rnd.next_token is not None:
+        return rnd.next_text
+    return rnd.base_argmax_texts[rnd.accepted_nodes[-1]]
+
+
+def _node_hover(tree: TreeTrace, rnd: RoundTrace, node: int, accepted: set[int]) -> str:
+    """What a node is, who guessed it, and what the base model itself predicted there."""
+    token = figure_text(rnd.node_texts[node])
+    after = (f"base model's most likely token after it: '{figure_text(rnd.base_argmax_texts[node])}' "
+             f"(p={rnd.base_argmax_probs[node]:.2f})")
+    if node == 0:
+        return f"<b>root</b> '{token}'<br>the token the previous pass chose<br>{after}"
+    parent = tree.parents[node]
+    p_head = head_prob(rnd, tree, node)
+    p_base = rnd.node_base_probs[node]
+    verdict = "accepted ✓" if node in accepted else "rejected ✗"
+    lines = [
+        f"<b>node {node}</b> '{token}' — {verdict}",
+        f"head {tree.heads[node]}, rank {tree.ranks[node] + 1} (its top-{tree.ranks[node] + 1} guess)",
+        f"head's probability: {p_head:.2f}" if p_head is not None else "",
+        f"base model's probability of it: {p_base:.2f}" if p_base is not None else "",
+        f"base model's most likely token here: '{figure_text(rnd.base_argmax_texts[parent])}' "
+        f"(p={rnd.base_argmax_probs[parent]:.2f})",
+        after,
+    ]
+    return "<br>".join(line for line in lines if line)
+
+
+def _edge_trace(points: list[tuple[tuple[float, float], tuple[float, float]]], *, name: str,
+                colour: str, width: float, dash: str = "solid", legend: bool = True) -> go.Scatter:
+    """All edges of one kind as a single line trace (None breaks the line between edges)."""
+    xs: list[float | None] = []
+    ys: list[float | None] = []
+    for (x0, y0), (x1, y1) in points:
+        xs += [x0, x1, None]
+        ys += [y0, y1, None]
+    return go.Scatter(x=xs, y=ys, mode="lines", name=name, hoverinfo="skip", showlegend=legend,
+                      line=dict(color=colour, width=width, dash=dash))
+
+
+def _label_size(tree: TreeTrace, height: int, look: Look) -> int:
+    """Label font size that fits the rows (at most 12 px at laptop scale, never under 8 px)."""
+    pitch = (height - TREE_MARGIN_PX * look.scale) / max(leaf_count(tree.parents), 1)
+    return round(max(8.0, min(12.0 * look.scale, pitch * 0.8)))
+
+
+def tree_figure(tree: TreeTrace, rnd: RoundTrace, look: Look = LAPTOP) -> go.Figure:
+    """The round's candidate tree: depth left to right, accepted path bold, rejected faded.
+
+    Colour = the head that guessed the node (depth d is head d); dot size = the head's
+    probability; ★ = the token the round chose after the accepted path (the next root).
+    """
+    if not rnd.node_tokens:
+        return message_figure("This run was traced without per-node detail.", look)
+    pos = tidy_layout(tree.parents, tree.depths)
+    accepted = set(rnd.accepted_nodes)
+    max_depth = max(tree.depths)
+    height = tree_height(tree, look)
+    label_size = _label_size(tree, height, look)
+    fig = go.Figure()
+
+    rejected_edges = [(pos[tree.parents[n]], pos[n]) for n in range(1, tree.size) if n not in accepted]
+    accepted_edges = [(pos[tree.parents[n]], pos[n]) for n in rnd.accepted_nodes[1:]]
+    fig.add_trace(_edge_trace(rejected_edges, name="rejected branch (faded)", colour=look.rejected_edge,
+                              width=1.2 * look.scale))
+    fig.add_trace(_edge_trace(accepted_edges, name="accepted path", colour=ACCEPTED, width=5 * look.scale))
+    for depth in range(max_depth + 1):
+        nodes = [n for n in range(tree.size) if tree.depths[n] == depth]
+        fig.add_trace(_node_trace(tree, rnd, nodes, pos, accepted, look, label_size))
+    _add_next_token(fig, tree, rnd, pos, look, label_size)
+
+    fig.update_xaxes(
+        tickvals=list(range(max_depth + 2)),
+        ticktext=[_heading(d, max_depth, look) for d in range(max_depth + 2)],
+        range=[-0.25, max_depth + 1.9], showgrid=False, zeroline=False, side="top", fixedrange=False,
+    )
+    fig.update_yaxes(visible=False, autorange="reversed")
+    fig.update_layout(
+        title=dict(text=f"Round {rnd.index + 1} · {len(rnd.accepted_nodes) - 1} of {tree.size - 1} guesses accepted",
+                   x=0.01, y=0.99, font=dict(size=look.font(15))),
+        showlegend=False,  # the column headings, in each head's colour, are the key
+        dragmode=look.dragmode,
+    )
+    return base_layout(fig, height=height, look=look, uirevision=f"tree-{tree.name}-{tree.size}")
+
+
+def _heading(depth: int, max_depth: int, look: Look) -> str:
+    """A column's heading in the colour of its nodes: root, head 1..n, then the next token
+    (on a phone "h1".."hn" and "★", which fit side by side)."""
+    if depth == 0:
+        name = "root"
+    elif depth > max_depth:
+        name = "★" if look.narrow else "★ next"
+    else:
+        name = f"h{depth}" if look.narrow else f"head {depth}"
+    colour = ACCEPTED if depth > max_depth else head_colour(depth)
+    return f'<span style="color:{colour}"><b>{name}</b></span>'
+
+
+def _node_trace(tree: TreeTrace, rnd: RoundTrace, nodes: list[int], pos: dict[int, tuple[float, float]],
+                accepted: set[int], look: Look, label_size: int) -> go.Scatter:
+    """One depth's nodes: one legend entry per head, so the legend explains every colour."""
+    depth = tree.depths[nodes[0]]
+    sizes = []
+    for n in nodes:
+        p = head_prob(rnd, tree, n)
+        sizes.append((8 + 18 * p if p is not None else 18) * look.scale)
+    on_path = [n in accepted for n in nodes]
+    return go.Scatter(
+        x=[pos[n][0] for n in nodes], y=[pos[n][1] for n in nodes],
+        mode="markers+text",
+        name="root" if depth == 0 else f"head {depth} guess",
+        text=[figure_text(rnd.node_texts[n], look.label_chars) for n in nodes],
+        textposition="middle right",
+        textfont=dict(size=label_size, color=[INK if a else look.faded_ink for a in on_path]),
+        hovertext=[_node_hover(tree, rnd, n, accepted) for n in nodes],
+        hoverinfo="text",
+        marker=dict(
+            color=head_colour(depth), size=sizes,
+            opacity=[1.0 if a else look.faded_opacity for a in on_path],
+            line=dict(color=[ACCEPTED if a else "white" for a in on_path],
+                      width=[3 if a else 1 for a in on_path]),
+        ),
+        customdata=nodes,
+    )
+
+
+def next_token_hover(rnd: RoundTrace) -> str:
+    """The star's hover: the token chosen after the accepted path, and the argmax if it differs."""
+    last = rnd.accepted_nodes[-1]
+    chosen = figure_text(next_token_text(rnd))
+    lines = [f"<b>next token</b> '{chosen}'",
+             "chosen by the base model after the accepted path, from the same verify pass:",
+             "it ends this round's output and becomes the next round's root"]
+    if rnd.next_token is not None and rnd.next_token != rnd.base_argmax_tokens[last]:
+        lines.append(f"sampled: the most likely token there was '{figure_text(rnd.base_argmax_texts[last])}' "
+                     f"(p={rnd.base_argmax_probs[last]:.2f})")
+    if len(rnd.emitted_tokens) < len(rnd.accepted_nodes):
+        lines.append("(not written: the run stopped before it)")
+    return "<br>".join(lines)
+
+
+def _add_next_token(fig: go.Figure, tree: TreeTrace, rnd: RoundTrace, pos: dict[int, tuple[float, float]],
+                    look: Look, label_size: int) -> None:
+    """The star after the last accepted node: the token the round actually wrote there."""
+    x0, y0 = pos[rnd.accepted_nodes[-1]]
+    star_x = max(tree.depths) + 1
+    fig.add_trace(_edge_trace([((x0, y0), (star_x, y0))], name="", colour=ACCEPTED, width=2 * look.scale,
+                              dash="dot", legend=False))
+    fig.add_trace(go.Scatter(
+        x=[star_x], y=[y0], mode="markers+text", name="next token (the next root)",
+        text=[figure_text(next_token_text(rnd), look.label_chars)], textposition="middle right",
+        textfont=dict(size=max(label_size, look.font(12)), color=INK),
+        marker=dict(symbol="star", size=20 * look.scale, color=BASE, line=dict(color=ACCEPTED, width=2)),
+        hovertext=[next_token_hover(rnd)], hoverinfo="text",
+    ))
+
+
+# ----------------------------------------------------------------------------- attention mask
+
+def mask_height(tree: TreeTrace, look: Look = LAPTOP) -> int:
+    return round(min(220 + 9 * tree.size, MASK_MAX_PX) * look.scale)
+
+
+def mask_label(rnd: RoundTrace, node: int, look: Look = LAPTOP) -> str:
+    """A row's label: ✓ on the accepted path, the node's index, its token."""
+    mark = "✓ " if node in rnd.accepted_nodes else ""
+    text = figure_text(rnd.node_texts[node], min(look.label_chars, 8)) if rnd.node_texts else ""
+    return f"{mark}{node} {text}"
+
+
+def labelled_nodes(size: int, accepted: list[int], every: int) -> list[int]:
+    """The nodes whose rows get a label: the accepted path always, and every `every`-th node
+    that is not so close to an accepted one that the two labels would overlap."""
+    keep = set(accepted)
+    gap = max(1, every // 2)
+    for node in range(0, size, every):
+        if all(abs(node - a) >= gap for a in accepted):
+            keep.add(node)
+    return sorted(keep)
+
+
+def label_every(tree: TreeTrace, look: Look = LAPTOP) -> int:
+    """Label one row in this many, so labels never overlap (1 for a small tree)."""
+    plot_px = mask_height(tree, look) - 90 * look.scale
+    label_px = look.font(11) * 1.4
+    return max(1, math.ceil(label_px / (plot_px / tree.size)))
+
+
+def mask_cell_values(tree: TreeTrace, rnd: RoundTrace) -> list[list[int]]:
+    """0 = blocked, 1 = may attend, 2 = may attend and the row is on the accepted path."""
+    accepted = set(rnd.accepted_nodes)
+    return [[cell * (2 if row in accepted else 1) for cell in tree.mask[row]] for row in range(tree.size)]
+
+
+def _mask_hover(tree: TreeTrace, tokens: list[str], row: int, col: int) -> str:
+    """Why node `row` may (or may not) attend to node `col`; short, because a 64-node mask has 4096."""
+    if row == col:
+        return f"node {row} '{tokens[row]}' sees itself"
+    if tree.mask[row][col]:
+        why = "the root" if col == 0 else "its ancestor"
+        return f"node {row} '{tokens[row]}' sees node {col} '{tokens[col]}': {why}"
+    return f"node {row} '{tokens[row]}' cannot see node {col} '{tokens[col]}': another branch"
+
+
+def mask_figure(tree: TreeTrace, rnd: RoundTrace, look: Look = LAPTOP) -> go.Figure:
+    """The tree attention mask: row i may attend to column j iff j is i or one of its ancestors.
+
+    Integer coordinates with tick text, because tokens repeat and Plotly would merge equal
+    category labels into one row; the y axis is reversed so row 0 is on top, like a matrix.
+    """
+    n = tree.size
+    tokens = [figure_text(t) for t in rnd.node_texts] if rnd.node_texts else [""] * n
+    hover = [[_mask_hover(tree, tokens, r, c) for c in range(n)] for r in range(n)]
+    gap = 1 if n <= 32 else 0
+    fig = go.Figure(go.Heatmap(
+        z=mask_cell_values(tree, rnd), x=list(range(n)), y=list(range(n)),
+        zmin=0, zmax=2, xgap=gap, ygap=gap, showscale=False,
+        colorscale=[[0, BLOCKED], [0.33, BLOCKED], [0.33, ALLOWED], [0.67, ALLOWED],
+                    [0.67, ACCEPTED], [1, ACCEPTED]],
+        text=hover, hovertemplate="%{text}<extra></extra>",
+    ))
+    shown = labelled_nodes(n, rnd.accepted_nodes, label_every(tree, look))
+    axis = dict(tickmode="array", tickvals=shown, showgrid=False, zeroline=False,
+                tickfont=dict(size=look.font(11)))
+    fig.update_xaxes(**axis, ticktext=[str(node) for node in shown], side="top", constrain="domain")
+    fig.update_yaxes(**axis, ticktext=[mask_label(rnd, node, look) for node in shown],
+                     autorange="reversed", scaleanchor="x", constrain="domain")
+    fig.update_layout(
+        title=dict(text=f"Attention mask · round {rnd.index + 1}", x=0.01, y=0.99, font=dict(size=look.font(15))),
+        dragmode=look.dragmode,
+    )
+    fig.add_annotation(text="blue: may attend · green: the accepted rows · pale: blocked", showarrow=False,
+                       x=0, y=-0.01, xref="paper", yref="paper", xanchor="left", yanchor="top",
+                       font=dict(size=look.font(11)))
+    fig = base_layout(fig, height=mask_height(tree, look), look=look, uirevision=f"mask-{tree.name}-{n}")
+    fig.update_layout(margin=dict(l=10, r=10, t=round(70 * look.scale), b=round(30 * look.scale)))
+    return fig

@@ -1,0 +1,157 @@
+"""The page's pure views and texts on hand-made traces: no Gradio, no model, no browser."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from app import views
+from app.race import RaceFrame, RaceResult
+from app.text import MISSING, PLACEHOLDER, explainer_values, load_steps, load_text, render_steps
+from app_helpers import SMALL_CHOICES, make_ar_run, make_run
+
+
+@pytest.fixture
+def run():
+    # Round 1 accepts the path to node 6 ([0, 0, 0]), round 2 nothing, round 3 node 5 ([1, 0]).
+    return make_run(SMALL_CHOICES, accepted_leaves=[6, 0, 5])
+
+
+def _race(run, *ar_seconds_per_token: float) -> RaceResult:
+    return RaceResult([(make_ar_run(len(run.tokens), s), run) for s in ar_seconds_per_token])
+
+
+# ----------------------------------------------------------------------------- the playground
+
+def test_round_numbers_agree_with_the_tree_even_when_the_run_ends_mid_round():
+    run = make_run(SMALL_CHOICES, accepted_leaves=[6])
+    assert "accepted **3 guess(es)** · added **4 token(s)**: 3 from heads + 1 from" in views.round_info(run, 0)
+    last = run.rounds[0]
+    last.emitted_tokens, last.emitted_texts, last.emitted_from_heads = (
+        last.emitted_tokens[:2], last.emitted_texts[:2], last.emitted_from_heads[:2])
+    assert "accepted **3 guess(es)** · added **2 token(s)** (cut at the end of the run)" in views.round_info(run, 0)
+
+
+def test_round_info_names_the_sampled_token_and_the_argmax_it_beat(run):
+    rnd = run.rounds[0]
+    assert "sampled" not in views.round_info(run, 0)
+    rnd.next_token, rnd.next_text = 999, "<img src=x>"
+    info = views.round_info(run, 0)
+    assert "★ next token <code>&lt;img␣src=x&gt;</code>, sampled" in info
+    assert "<img" not in info
+
+
+def test_a_run_that_stops_at_the_prefill_says_so_and_promises_no_tree():
+    run = make_run(SMALL_CHOICES, accepted_leaves=[])
+    run.rounds, run.stop_reason = [], "max_new_tokens"
+    summary = views.run_summary(run)
+    assert "1 token from the prefill pass alone" in summary and "no tree" in summary
+    assert "tokens per pass" not in summary and "1 tokens" not in summary
+    assert views.round_label(run) == "Round (no rounds yet)" and views.round_label(None) == "Round (no rounds yet)"
+    view = views.round_view(run, 0)
+    assert "stopped after the prefill" in view.tree.layout.annotations[0].text
+
+
+def test_summary_counts_tokens_and_passes(run):
+    summary = views.run_summary(run, first_round_after=0.5)
+    assert f"**{len(run.tokens)} tokens in {run.forward_passes} passes**" in summary
+    assert "reached Max new tokens" in summary and "0.50 s after Run" in summary
+    assert views.round_label(run) == f"Round (of {len(run.rounds)})"
+
+
+def test_stream_view_marks_the_run_and_its_end_for_the_benchmark(run):
+    html = views.stream_view(run, current=2, ended_at=1700000000.25)
+    assert 'data-ended="1700000000.250"' in html and "pass current" in html
+    assert "data-ended" not in views.stream_view(run)
+
+
+# ----------------------------------------------------------------------------- visitor text is text
+
+def test_learn_banner_shows_the_prompt_as_text(run):
+    run.prompt = "**bold** <img src=x> [link](http://x)"
+    banner = views.learn_banner(run, None)
+    assert "<img" not in banner and "**bold**" not in banner and "](" not in banner
+    assert "&lt;img src=x&gt;" in banner
+
+
+def test_tokens_quoted_in_the_explainer_cannot_break_out(run):
+    best = max(run.rounds, key=lambda r: r.accepted_length)
+    best.emitted_texts = ["`<img src=x>`"] + best.emitted_texts[1:]
+    text = render_steps(load_steps(), run, None)[4]
+    assert "<img" not in text and "&lt;img" in text
+
+
+# ----------------------------------------------------------------------------- stats and learn
+
+def test_stats_page_names_the_round_cost_verify_cost_and_the_ceiling(run):
+    # Hand-made rounds: draft 1 ms, verify 4 ms, accept 0.5 ms; plain steps 4 ms each.
+    text = views.stats_text(run, _race(run, 0.004))
+    cost = float(re.search(r"cost \*\*([0-9.]+)×\*\*", text).group(1))
+    assert cost == pytest.approx(5.5 / 4, abs=0.006) and "verify pass over the whole tree cost 1.00×" in text
+    assert f"ceiling is {run.mean_accepted:.2f} ÷ 1.00" in text
+    assert "Race" in views.stats_text(run, None)
+    # A sampled plain run can end at its first token: nothing to compare a round with, no crash.
+    assert "ceiling" not in views.stats_text(run, RaceResult([(make_ar_run(1), run)]))
+
+
+def test_explainer_steps_load_with_labels_and_the_view_they_point_at():
+    steps = load_steps()
+    assert len(steps) == 7
+    assert all(step.label and len(step.label) <= 14 for step in steps)
+    assert {step.shows for step in steps} <= {"race", "stream", "tree", "mask", "stats", "none"}
+    assert all(step.template.startswith(f"### {step.title}") for step in steps)
+
+
+def test_explainer_is_filled_with_this_runs_and_races_numbers(run):
+    race = _race(run, 0.004, 0.005, 0.003)
+    steps = load_steps()
+    wanted = {name for step in steps for name in PLACEHOLDER.findall(step.template)} - {"heads_training"}
+    assert wanted <= set(explainer_values(run, race)), wanted - set(explainer_values(run, race))
+    speedup_step = render_steps(steps, run, race)[5]
+    assert f"**{run.forward_passes} passes produced {len(run.tokens)} tokens**" in speedup_step
+    medusa_s = 0.01 + 3 * 0.0055
+    speeds = sorted((0.01 + 8 * s) / medusa_s for s in (0.004, 0.005, 0.003))
+    assert f"median of **{speeds[1]:.2f}×** (range {speeds[0]:.2f}–{speeds[2]:.2f}×)" in speedup_step
+    assert "verify pass alone cost 1.00 plain steps" in speedup_step
+
+
+def test_explainer_before_any_run_shows_dashes_not_placeholders():
+    texts = render_steps(load_steps(), None, None)
+    assert not any("{{" in text for text in texts)
+    assert MISSING in texts[5]
+
+
+def test_the_heads_step_says_how_each_embedded_model_was_trained(run):
+    heads_step = load_steps()[2]
+    assert "frozen" in heads_step.template and "Medusa-2" in heads_step.template
+    run.model = "austen"  # tuned with its heads (its card: base next-token loss before/after)
+    assert "Medusa-2 way" in render_steps([heads_step], run, None)[0]
+    run.model = "/some/dir"
+    assert f"trained {MISSING}" in render_steps([heads_step], run, None)[0]
+
+
+# ----------------------------------------------------------------------------- the race
+
+def test_the_verdict_gives_the_median_and_says_when_the_range_crosses_one(run):
+    medusa_s = 0.01 + 3 * 0.0055
+    # Plain decoding at 1, 2 and 3 ms a token: one race slower, two faster.
+    race = _race(run, 0.001, 0.002, 0.003)
+    speeds = sorted((0.01 + 8 * s) / medusa_s for s in (0.001, 0.002, 0.003))
+    assert speeds[0] < 1 < speeds[2]
+    verdict = views.race_verdict(race)
+    assert f"{speeds[1]:.2f}× the speed" in verdict and "median of 3 races" in verdict
+    assert "crosses 1.0×" in verdict
+    assert "crosses" not in views.race_verdict(_race(run, 0.004, 0.005))
+    assert "single race" in views.race_verdict(_race(run, 0.004))
+
+
+def test_race_status_says_which_race_and_decoder_is_running():
+    assert "Race 2 of 3" in views.race_status(RaceFrame("measuring", 3, finished=1, measuring="medusa"))
+    assert "Medusa" in views.race_status(RaceFrame("measuring", 3, finished=1, measuring="medusa"))
+    assert "warm" in views.race_status(RaceFrame("warm-up", 3)).lower()
+
+
+def test_page_texts_live_in_assets():
+    assert "Medusa Playground" in load_text("header.html")
+    assert "median" in load_text("timing_note.md")
