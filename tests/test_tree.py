@@ -73,3 +73,14 @@ def test_every_preset_is_valid():
     for name, choices in TREE_PRESETS.items():
         assert Tree.from_choices(choices, num_heads=5, name=name).size == len(choices) + 1
 
+
+
+def test_cutting_a_tree_keeps_its_first_nodes():
+    """Near the context limit only the levels that fit are verified: node i stays node i."""
+    tree = Tree.from_choices([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]], num_heads=3)
+    one_level = tree.cut(1)
+    assert one_level.paths == ((0,), (1,)) and one_level.parents == [-1, 0, 0]
+    assert tree.cut(3) is tree and tree.cut(2).size == 6
+    root_only = tree.cut(0)
+    assert root_only.size == 1 and root_only.max_depth == 0 and root_only.leaves == [0]
+    assert root_only.draft_index.tolist() == [] and root_only.ancestor_mask.tolist() == [[True]]
