@@ -17,8 +17,8 @@ from pathlib import Path
 
 import gradio as gr
 
-from decoding.settings import DecodeSettings
 from decoding.prompts import example_prompts
+from decoding.settings import DecodeSettings
 
 from . import handlers
 from .figure_style import message_figure

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from decoding.generate import generate
 from decoding.loading import MedusaModel
 from decoding.settings import DecodeSettings
-from decoding.trace import RunTrace
 from decoding.stats import Spread, Timing, speedup, spread
+from decoding.trace import RunTrace
 
 REPLAY_STEP = 0.05  # seconds between frames of the replay
 WARM_UP_TOKENS = 4

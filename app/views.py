@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 
 from decoding.loading import MedusaModel
-from decoding.trace import RunTrace
 from decoding.stats import Timing, round_cost, round_end_times, verify_cost
+from decoding.trace import RunTrace
 
 from . import charts
 from .figure_style import LAPTOP, Look, message_figure

@@ -328,8 +328,6 @@ def stream(mm: MedusaModel, prompt: str, settings: DecodeSettings) -> Iterator[R
 
 
 def generate(mm: MedusaModel, prompt: str, settings: DecodeSettings) -> RunTrace:
-    """Run to the end and return the full trace."""
-    trace = None
-    for trace in stream(mm, prompt, settings):
-        pass
+    """Run to the end and return the full trace (the last one `stream` yields)."""
+    *_, trace = stream(mm, prompt, settings)
     return trace

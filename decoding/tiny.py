@@ -13,7 +13,11 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
-    AutoModelForCausalLM, GPT2Config, LlamaConfig, PreTrainedModel, PreTrainedTokenizerFast,
+    AutoModelForCausalLM,
+    GPT2Config,
+    LlamaConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
     Qwen2Config,
 )
 

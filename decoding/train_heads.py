@@ -300,7 +300,8 @@ def evaluate_heads(
         # Where the last head has a target, every head has one: those positions give the joint ranks.
         every_head = head_targets(ids, mask, k_max) != IGNORE_INDEX
         if starts is not None:
-            batch_starts = torch.tensor(starts[batch_index * batch_size : (batch_index + 1) * batch_size], device=device)
+            batch_starts = torch.tensor(starts[batch_index * batch_size : (batch_index + 1) * batch_size],
+                                        device=device)
             positions = torch.arange(ids.shape[1], device=device)
             every_head &= positions[None, :] >= batch_starts[:, None] - 1
         joint_ranks = []

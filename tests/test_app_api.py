@@ -14,9 +14,9 @@ from app.layout import DEFAULT_PROMPTS, build_demo, example_rows, launch_options
 from app.models import ModelCache, describe, offered_models, require_offered
 from app.screenshots import free_port
 from decoding.errors import DecodingError
-from decoding.trace import RunTrace
 from decoding.prompts import example_prompts
 from decoding.tiny import make_tiny_model_dir
+from decoding.trace import RunTrace
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,22 @@ import pytest
 
 from app.layout import PLAY_EVERY
 from app.screenshots import (
-    CHROMIUM, LAPTOP, PHONE, PROJECTOR, browser_page, in_view, open_app, open_tab, overlapping_labels, plot_title,
-    plot_traces, run_prompt, run_race, running_app, shoot, walk_to_step,
+    CHROMIUM,
+    LAPTOP,
+    PHONE,
+    PROJECTOR,
+    browser_page,
+    in_view,
+    open_app,
+    open_tab,
+    overlapping_labels,
+    plot_title,
+    plot_traces,
+    run_prompt,
+    run_race,
+    running_app,
+    shoot,
+    walk_to_step,
 )
 from decoding.loading import embedded_models
 from decoding.prompts import example_prompts

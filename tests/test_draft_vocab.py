@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from decoding import DecodeSettings, generate
 from decoding.heads import HeadsConfig, MedusaHeads
+from decoding.tiny import tiny_model
 from decoding.training.distill import Answers, greedy_answers
 from decoding.training.recorded import (
     RecordedData,
@@ -23,7 +24,6 @@ from decoding.training.recorded import (
     fit_recorded_heads,
     new_recorded_heads,
 )
-from decoding.tiny import tiny_model
 from tests.test_lossless import prompts, reference_greedy, trees
 
 NEW_TOKENS = 40
@@ -102,7 +102,7 @@ def _cyclic_answers(lm_head: torch.nn.Linear, cycle: list[int], count: int, leng
     the state, which training must find."""
     generator = torch.Generator().manual_seed(0)
     answers = []
-    for i in range(count):
+    for _ in range(count):
         offset = int(torch.randint(len(cycle), (1,), generator=generator))
         answers.append([cycle[(offset + j) % len(cycle)] for j in range(length)])
     tokens = torch.tensor([t for a in answers for t in a])

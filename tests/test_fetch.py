@@ -79,7 +79,8 @@ def write_wheel(directory: Path, members: dict[str, bytes]) -> Path:
         for name, data in members.items():
             archive.writestr(name, data)
         archive.writestr(f"{dist}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {PACKAGE}\nVersion: {VERSION}\n")
-        archive.writestr(f"{dist}.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        archive.writestr(f"{dist}.dist-info/WHEEL",
+                         "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
         archive.writestr(f"{dist}.dist-info/RECORD", "")
     return wheel
 

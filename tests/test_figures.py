@@ -10,7 +10,12 @@ from app import charts
 from app.figure_style import Look
 from app.tokens import figure_text, stream_html
 from app.tree_figures import (
-    labelled_nodes, mask_figure, mask_label, next_token_hover, tree_figure, tree_height,
+    labelled_nodes,
+    mask_figure,
+    mask_label,
+    next_token_hover,
+    tree_figure,
+    tree_height,
 )
 from app.tree_layout import leaf_count, tidy_layout
 from app_helpers import SMALL_CHOICES, make_ar_run, make_run, make_tree, path_nodes

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_lossless import oracle_heads, reference_greedy
 from transformers import AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, MistralConfig
 
 from decoding import DecodeSettings, generate, load_model
 from decoding.heads import HeadsConfig, MedusaHeads
 from decoding.tiny import tiny_tokenizer
+from test_lossless import oracle_heads, reference_greedy
 
 WINDOW = 16
 NEW_TOKENS = 48

@@ -12,8 +12,15 @@ import torch
 from safetensors.torch import load_file
 
 from decoding import train_base
-from decoding.corpus import (DOC_SEPARATOR, STDLIB_HELDOUT_EVERY, book_to_documents, build_corpus,
-                             build_stdlib_corpus, split_documents, stdlib_modules)
+from decoding.corpus import (
+    DOC_SEPARATOR,
+    STDLIB_HELDOUT_EVERY,
+    book_to_documents,
+    build_corpus,
+    build_stdlib_corpus,
+    split_documents,
+    stdlib_modules,
+)
 from decoding.errors import DecodingError
 
 NAMES = ["Emma", "Harriet", "Mr. Knightley", "Elinor", "Marianne", "Anne"]

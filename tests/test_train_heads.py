@@ -344,8 +344,8 @@ def test_v01_output_of_shared_lm_head_heads_is_refused_before_training(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "text.txt").write_text("some text")
-    args = cli_parser().parse_args(["--model", "x", "--out", str(tmp_path / "out"), "--data", str(tmp_path / "text.txt"),
-                                    "--shared-lm-head", "--also-v01"])
+    args = cli_parser().parse_args(["--model", "x", "--out", str(tmp_path / "out"),
+                                    "--data", str(tmp_path / "text.txt"), "--shared-lm-head", "--also-v01"])
     assert th.run(args) == 2  # before the model "x" is even looked for
     assert "--also-v01" in capsys.readouterr().err and not (tmp_path / "out").exists()
 
