@@ -58,3 +58,15 @@ def test_a_recurrent_model_is_refused_with_the_reason(tmp_path):
     tiny_tokenizer(320).save_pretrained(tmp_path)
     with pytest.raises(DecodingError, match="linear_attention layers.*one key/value row per token"):
         load_model(str(tmp_path))
+
+
+def test_an_engine_bug_is_not_blamed_on_the_architecture(tiny_llama, monkeypatch):
+    """Only a real mismatch says "cannot use Medusa tree attention"; a bug here must surface as itself."""
+    import decoding.selftest
+
+    def broken_compaction(*args):
+        raise IndexError("a bug in the engine")
+
+    monkeypatch.setattr(decoding.selftest, "compact_cache", broken_compaction)
+    with pytest.raises(IndexError, match="a bug in the engine"):
+        check_tree_attention(tiny_llama)
