@@ -39,6 +39,9 @@ def _add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice). Use fewer than the cores "
                         "when another job is running: threads fighting over a core are very slow")
+    p.add_argument("--no-pack", action="store_true",
+                   help="multiply by the linear layers' weights as stored, not by copies packed once "
+                        "for the CPU's matrix library (to compare; packing is faster on a CPU)")
 
 
 def _add_decoding_arguments(p: argparse.ArgumentParser, many_trees: bool = False) -> None:
@@ -84,7 +87,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     settings = _settings(args, args.tree)
     _set_threads(args)
     # Plain decoding needs no heads: a model directory without any can still run it.
-    mm = load_model(args.model, args.heads, args.device, args.dtype, with_heads=args.method != "ar")
+    mm = load_model(args.model, args.heads, args.device, args.dtype, with_heads=args.method != "ar",
+                    pack_linear=not args.no_pack)
     trace = generate(mm, args.prompt, settings)
     if args.json:
         print(trace.to_json())
@@ -108,7 +112,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     trees = args.tree
     settings = _settings(args, trees[0])
     _set_threads(args)
-    mm = load_model(args.model, args.heads, args.device, args.dtype)
+    mm = load_model(args.model, args.heads, args.device, args.dtype, pack_linear=not args.no_pack)
     report = run_bench(mm, prompts, settings, trees, progress=not args.json)
     print(json.dumps(report, indent=2) if args.json else format_table(report))
     return 0

@@ -35,6 +35,7 @@ from .fetch import WHEEL_MODELS, fetched_dir, is_fetched
 from .heads import CONFIG_NAME as OWN_HEADS_CONFIG
 from .heads import HeadsConfig, MedusaHeads, TransposedLinear
 from .kv_cache import attention_layer_types
+from .packed_linear import pack_linear_layers
 from .registry import MODEL_REGISTRY
 from .selftest import check_tree_attention
 from .tree import TREE_PRESETS
@@ -417,12 +418,16 @@ def load_model(
     dtype: str = "auto",
     self_test: bool = True,
     with_heads: bool = True,
+    pack_linear: bool = True,
 ) -> MedusaModel:
     """Load a model and its heads by embedded name, registry name, local directory or hub id.
 
     `None` means the embedded default model. With `self_test`, a tree is verified against
     plain linear decoding before the model is handed out (see `selftest.py`). Without
     `with_heads`, the model is loaded for plain decoding alone and no heads are looked for.
+    With `pack_linear`, the base model's linear layers multiply by weights packed once for the
+    CPU's matrix library where that works (see `packed_linear.py`): plain decoding and Medusa
+    alike then run on the fastest path there is.
     """
     sources = _resolve(name_or_path, heads)
     torch_device = resolve_device(device)
@@ -432,6 +437,8 @@ def load_model(
     if medusa_heads is not None:
         medusa_heads = medusa_heads.to(device=torch_device, dtype=torch_dtype).eval().requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(sources.model)
+    if pack_linear:
+        pack_linear_layers(model)
     trees = {**TREE_PRESETS, **meta.get("trees", {})}
     default_tree = meta.get("default_tree") or sources.tree or (
         "mc_sim_7b_63" if torch_device.type == "cuda" else "cpu-12")

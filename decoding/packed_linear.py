@@ -1,0 +1,100 @@
+"""Linear layers whose weights are packed once for the CPU's matrix library, not on every call.
+
+On a CPU, `F.linear` with a handful of rows (one decoding step, or a tree of 4-16 candidates)
+runs a matrix product that first re-packs the whole weight matrix into the blocked layout its
+kernel reads. For a 1536 x 576 layer that copy costs about as much as the product itself, so a
+verify pass of 8 tokens moved the weights about twice and cost 1.8-2.1 one-token steps on
+SmolLM2 (design.md, section 8). oneDNN can pack the weights once, ahead of time: PyTorch's
+`torch.ops.mkldnn._reorder_linear_weight` does it and `torch.ops.mkldnn._linear_pointwise`
+multiplies by the packed copy. These are the ops inductor's weight freezing emits for CPU
+linear layers (torch/_inductor/fx_passes/mkldnn_fusion.py); they are private, so the packing
+is tried once and everything falls back to plain `nn.Linear` where they are missing or fail.
+
+The packed kernels sum in another order than `F.linear`, and maybe differently for 1 row and
+for 8, so a packed model's logits differ from an unpacked one's in the last bits. Greedy
+decoding with Medusa is still exactly plain greedy decoding *of the same packed model*; the
+tests check that, and that both agree with the unpacked model on the tiny test models.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# oneDNN lays the packed weights out for this many rows. Measured on SmolLM2 (1 thread, past 150,
+# scripts/pass_cost.py): with 8, passes of 4-16 tokens cost 1.1-1.6 one-token steps; with 1,
+# 1.5-1.8, and the one-token step itself was no faster. 16 measured like 8.
+BATCH_SIZE_HINT = 8
+
+
+@functools.cache
+def packing_works() -> bool:
+    """Whether this PyTorch build can pack a linear layer for oneDNN and multiply by it."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        weight, x = torch.randn(3, 2), torch.randn(1, 2)
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+        out = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    except (AttributeError, RuntimeError, NotImplementedError):  # op missing, or not built in
+        return False
+    return torch.allclose(out, F.linear(x, weight), atol=1e-5)
+
+
+def can_pack(linear: nn.Module) -> bool:
+    """A plain float32 nn.Linear on the CPU, in a build that packs.
+
+    Subclasses (quantized or adapter layers) keep their own forward. Only float32 is packed:
+    it is what the CPU runs here (see `resolve_dtype`), and oneDNN's reduced-precision
+    kernels depend on what the processor supports.
+    """
+    return (
+        type(linear) is nn.Linear
+        and linear.weight.device.type == "cpu"
+        and linear.weight.dtype == torch.float32
+        and packing_works()
+    )
+
+
+class PackedLinear(nn.Module):
+    """An inference-only stand-in for a CPU nn.Linear, multiplying by a copy packed once.
+
+    It keeps the original `weight` and `bias` parameters (shared, not copied), so code that
+    reads `lm_head.weight`, tied embeddings and `state_dict()` see what they saw before; the
+    packed copy is a plain attribute, outside the state dict and out of reach of `.to()`.
+    That costs a second copy of the weights in memory, which the forward pass never reads.
+    """
+
+    def __init__(self, linear: nn.Linear, batch_size_hint: int = BATCH_SIZE_HINT) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight
+        self.bias = linear.bias
+        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), batch_size_hint)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def packed(linear: nn.Module, batch_size_hint: int = BATCH_SIZE_HINT) -> nn.Module:
+    """`linear` with its weights packed where that works here; `linear` itself elsewhere."""
+    return PackedLinear(linear, batch_size_hint) if can_pack(linear) else linear
+
+
+def pack_linear_layers(model: nn.Module, batch_size_hint: int = BATCH_SIZE_HINT) -> int:
+    """Swap every packable nn.Linear inside `model` for a PackedLinear, in place; return how many.
+
+    Where nothing can be packed (a GPU, half precision, a build without oneDNN) the model is
+    left as it was and 0 comes back.
+    """
+    swaps = [(parent, name, child) for parent in model.modules()
+             for name, child in parent.named_children() if can_pack(child)]
+    for parent, name, child in swaps:
+        setattr(parent, name, PackedLinear(child, batch_size_hint))
+    return len(swaps)

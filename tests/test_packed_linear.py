@@ -1,0 +1,86 @@
+"""Linear layers packed once for oneDNN: the same products, and greedy output unchanged.
+
+Packed kernels sum in another order than `F.linear`, and may round differently for 1 row and
+for 8. Greedy Medusa compares the argmax of a T-row verify pass with what 1-row steps would
+choose, so it is checked here on whole runs: Medusa on the packed model, plain decoding on the
+packed model and plain decoding on the unpacked one write the same tokens.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from decoding import DecodeSettings, generate, load_model
+from decoding.packed_linear import PackedLinear, pack_linear_layers, packed, packing_works
+from test_lossless import oracle_heads, prompts, trees
+
+NEW_TOKENS = 40
+needs_packing = pytest.mark.skipif(
+    not packing_works(), reason="this PyTorch build cannot pack linear layers (torch.ops.mkldnn missing or failing)")
+
+
+@needs_packing
+@pytest.mark.parametrize("rows", [1, 2, 8, 17])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("hint", [1, 8])
+def test_packed_linear_multiplies_like_nn_linear(rows, bias, hint):
+    torch.manual_seed(rows)
+    linear = nn.Linear(96, 200, bias=bias)
+    layer = PackedLinear(linear, batch_size_hint=hint)
+    with torch.inference_mode():
+        for shape in [(rows, 96), (1, rows, 96)]:
+            x = torch.randn(shape)
+            torch.testing.assert_close(layer(x), linear(x), rtol=1e-5, atol=1e-5)
+
+
+class Adapter(nn.Linear):
+    """A subclass with a forward of its own, which packing must leave alone."""
+
+
+def test_only_plain_float32_cpu_layers_are_packed():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8).to(torch.bfloat16), nn.Sequential(nn.Linear(8, 4)),
+                          Adapter(4, 4))
+    keys = list(model.state_dict())
+    weights = [model[0].weight, model[2][0].weight]
+    expected = 2 if packing_works() else 0
+    assert pack_linear_layers(model) == expected
+    assert [type(m) for m in (model[1], model[3])] == [nn.Linear, Adapter]
+    assert packed(model[1]) is model[1]
+    if expected:
+        assert isinstance(model[0], PackedLinear) and isinstance(model[2][0], PackedLinear)
+        # The parameters are the very same objects: tied weights stay tied, the state dict is unchanged.
+        assert model[0].weight is weights[0] and model[2][0].weight is weights[1]
+    assert list(model.state_dict()) == keys
+
+
+@pytest.fixture(scope="module")
+def unpacked(tiny_dirs):
+    return {arch: load_model(str(path), pack_linear=False) for arch, path in tiny_dirs.items()}
+
+
+@needs_packing
+def test_load_model_packs_by_default(tiny_models, unpacked):
+    assert any(isinstance(m, PackedLinear) for m in tiny_models["llama"].model.modules())
+    assert not any(isinstance(m, PackedLinear) for m in unpacked["llama"].model.modules())
+
+
+@needs_packing
+@settings(max_examples=10, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(prompt=prompts, choices=trees(), arch=st.sampled_from(["llama", "qwen2", "gpt2"]))
+def test_packed_medusa_writes_what_unpacked_plain_decoding_writes(tiny_models, unpacked, prompt, choices, arch):
+    packed_mm = tiny_models[arch]
+    plain = DecodeSettings(method="ar", max_new_tokens=NEW_TOKENS)
+    unpacked_tokens = generate(unpacked[arch], prompt, plain).tokens
+    packed_tokens = generate(packed_mm, prompt, plain).tokens
+    original = packed_mm.heads
+    packed_mm.heads = oracle_heads(packed_mm, prompt, num_heads=4, wrong_every=5)  # long paths accepted
+    try:
+        medusa_tokens = generate(packed_mm, prompt, DecodeSettings(max_new_tokens=NEW_TOKENS, tree=choices)).tokens
+    finally:
+        packed_mm.heads = original
+    assert medusa_tokens == packed_tokens == unpacked_tokens
