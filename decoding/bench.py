@@ -7,11 +7,14 @@ from totals gathered in the same minutes. Several trees can be compared in one r
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 
+import torch
 from tqdm import tqdm
+from transformers import GenerationConfig
 
-from .generate import generate, resolve_tree
+from .generate import encode_prompt, generate, resolve_tree
 from .loading import MedusaModel
 from .settings import DecodeSettings
 
@@ -71,9 +74,32 @@ def _in_ar_steps(seconds: float, rounds: int, ar: MethodTotals) -> float:
     return seconds / (rounds * ar.seconds_per_round) if rounds and ar.seconds_per_round else 0.0
 
 
+@torch.inference_mode()
+def transformers_generate(mm: MedusaModel, prompt: str, max_new_tokens: int) -> tuple[list[int], float]:
+    """The library's own greedy `generate` on the same input: the peer our plain decoding must match.
+
+    Returns the new tokens and the seconds taken (prefill included, as in our traces).
+    """
+    ids = torch.tensor([encode_prompt(mm, prompt)], device=mm.device)
+    stop = sorted(mm.eos_token_ids)
+    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=stop or None,
+                              pad_token_id=stop[0] if stop else 0)
+    if mm.device.type == "cuda":
+        torch.cuda.synchronize(mm.device)
+    start = time.perf_counter()
+    out = mm.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+    if mm.device.type == "cuda":
+        torch.cuda.synchronize(mm.device)
+    return out[0, ids.shape[1]:].tolist(), time.perf_counter() - start
+
+
 def run_bench(mm: MedusaModel, prompts: list[str], settings: DecodeSettings,
-              trees: list, progress: bool = True) -> dict:
-    """Decode every prompt with AR and with Medusa for each tree; return totals and ratios."""
+              trees: list, progress: bool = True, compare_generate: bool = False) -> dict:
+    """Decode every prompt with AR and with Medusa for each tree; return totals and ratios.
+
+    With `compare_generate`, transformers' own `generate(do_sample=False)` runs beside plain
+    decoding, on the same inputs, so the baseline is shown not to be a slow one.
+    """
     ar_settings = replace(settings, method="ar")
     medusa_settings = [replace(settings, method="medusa", tree=t) for t in trees]
     # Warm-up: first calls pay for allocations and lazy initialisation; keep that out of the figures.
@@ -83,6 +109,10 @@ def run_bench(mm: MedusaModel, prompts: list[str], settings: DecodeSettings,
         generate(mm, prompts[0], replace(s, max_new_tokens=warm.max_new_tokens))
 
     ar = MethodTotals()
+    library = MethodTotals()
+    library_identical = True
+    if compare_generate:
+        transformers_generate(mm, prompts[0], warm.max_new_tokens)
     # Each tree's own name and size, after pruning to the heads in use.
     results = [TreeResult(t.name, t.size) for t in (resolve_tree(mm, s) for s in medusa_settings)]
     for i, prompt in enumerate(tqdm(prompts, desc="bench", disable=not progress)):
@@ -94,6 +124,11 @@ def run_bench(mm: MedusaModel, prompts: list[str], settings: DecodeSettings,
                 ar_trace = generate(mm, prompt, ar_settings)
                 ar.add(ar_trace)
                 outputs["ar"] = ar_trace.tokens
+                if compare_generate:
+                    tokens, seconds = transformers_generate(mm, prompt, settings.max_new_tokens)
+                    library.tokens += len(tokens)
+                    library.seconds += seconds
+                    library_identical &= tokens == ar_trace.tokens
                 continue
             for s, result in zip(medusa_settings, results):
                 traced = generate(mm, prompt, s)
@@ -134,7 +169,22 @@ def run_bench(mm: MedusaModel, prompts: list[str], settings: DecodeSettings,
         "speedup": first["speedup"], "mean_accepted": first["mean_accepted"],
         "identical": first["identical"], "trace_overhead": first["trace_overhead"],
         "ar": ar.to_dict(), "medusa": first["medusa"], "trees": rows,
+        **({"transformers_generate": {"tokens": library.tokens, "seconds": library.seconds,
+                                      "tokens_per_second": library.tokens_per_second,
+                                      "identical_to_ar": library_identical}}
+           if compare_generate and settings.acceptance == "greedy" else {}),
     }
+
+
+def _library_line(report: dict) -> list[str]:
+    """The peer check's line, when the bench ran transformers' own generate beside plain decoding."""
+    library = report.get("transformers_generate")
+    if not library:
+        return []
+    ratio = report["ar"]["tokens_per_second"] / library["tokens_per_second"]
+    same = "yes" if library["identical_to_ar"] else "NO"
+    return [f"transformers' generate(do_sample=False): {library['tokens_per_second']:.1f} tok/s on the same "
+            f"inputs; our plain decoding runs at {ratio:.2f}x its speed; same tokens: {same}"]
 
 
 def format_table(report: dict) -> str:
@@ -146,6 +196,7 @@ def format_table(report: dict) -> str:
         f"acceptance {report['acceptance']}",
         f"AR: {ar['tokens_per_second']:.1f} tok/s, {ar['forward_passes']} passes for {ar['tokens']} tokens, "
         f"{ar['seconds_per_round'] * 1e3:.2f} ms a step",
+        *_library_line(report),
         "round cost: one Medusa round in AR steps, and two of its parts: the verify pass, and "
         "drafting + accepting; speedup ≈ accepted/pass ÷ round cost",
         "",

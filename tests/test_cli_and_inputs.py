@@ -92,6 +92,21 @@ def test_cli_bench_json(capsys, tiny_dirs, tmp_path):
     assert report["ar"]["tokens"] == 2 * 16 and report["ar"]["forward_passes"] == 2 * 16
 
 
+def test_cli_bench_compares_with_transformers_generate(capsys, tiny_dirs, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("It is a truth\nThe quick brown fox\n")
+    code, out, _ = run_cli(capsys, "bench", "--model", str(tiny_dirs["llama"]), "--prompts", str(prompts),
+                           "--max-new-tokens", "12", "--tree", "chain-3", "--compare-generate", "--json")
+    assert code == 0
+    library = json.loads(out)["transformers_generate"]
+    # The library wrote the same greedy tokens as our plain decoding, on the same inputs.
+    assert library["identical_to_ar"] is True and library["tokens"] == 2 * 12
+    assert library["tokens_per_second"] > 0
+    code, out, _ = run_cli(capsys, "bench", "--model", str(tiny_dirs["llama"]), "--prompts", str(prompts),
+                           "--max-new-tokens", "12", "--tree", "chain-3", "--compare-generate")
+    assert "transformers' generate(do_sample=False)" in out and "same tokens: yes" in out
+
+
 def fake_run(method: str, tokens: int, seconds: float) -> RunTrace:
     """A finished run that wrote `tokens` tokens in `seconds`, one round per token."""
     settings = RunSettings(method=method, max_new_tokens=64, acceptance="sample", temperature=1.0, top_p=1.0,

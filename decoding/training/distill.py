@@ -103,6 +103,17 @@ def concat_answers(parts: list[Answers]) -> Answers:
     )
 
 
+def drop_prompts(answers: Answers, prompts: set[tuple[int, ...]]) -> Answers:
+    """The answers whose prompt is not in `prompts`: keeps held-out questions out of training."""
+    keep = torch.tensor([tuple(p) not in prompts for p in answers.prompts])
+    rows = torch.repeat_interleave(keep, torch.tensor([len(a) for a in answers.answers]))
+    return Answers(
+        prompts=[p for p, k in zip(answers.prompts, keep) if k],
+        answers=[a for a, k in zip(answers.answers, keep) if k],
+        **{name: getattr(answers, name)[rows] for name in ("states", "tokens", "teacher_ids", "teacher_logits")},
+    )
+
+
 def save_shard(answers: Answers, path: Path, instructions: Sequence[str]) -> None:
     """Write `path.safetensors` and `path.json` atomically (the JSON last: it marks a shard done)."""
     tensors = {name: getattr(answers, name).contiguous()
@@ -147,6 +158,6 @@ def distill_to_shards(
         save_shard(concat_answers(parts), path, shard)
 
 
-def read_shards(out_dir: Path) -> list[Path]:
-    """Every finished shard, in order."""
-    return [p.with_suffix("") for p in sorted(out_dir.glob("shard-*.json"))]
+def read_shards(*out_dirs: Path) -> list[Path]:
+    """Every finished shard in these folders, folder by folder, in order."""
+    return [p.with_suffix("") for d in out_dirs for p in sorted(d.glob("shard-*.json"))]

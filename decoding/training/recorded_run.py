@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from ..errors import DecodingError
 from ..optimal_tree import expected_tokens_per_pass, joint_optimal_choices, measured_tokens_per_pass, optimal_choices
-from .distill import concat_answers, distill_to_shards, load_shard, read_shards
+from .distill import concat_answers, distill_to_shards, drop_prompts, load_shard, read_shards
 from .instructions import build_instructions
 from .recorded import (
     RecordedData,
@@ -91,8 +91,9 @@ def run_distill(args: argparse.Namespace) -> int:
 
 def add_recorded_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("recorded self-distillation (chat models; see `self-distill`)")
-    group.add_argument("--recorded", type=Path, default=None,
-                       help="train on the shards `self-distill` wrote here; the base model is never run")
+    group.add_argument("--recorded", type=Path, nargs="+", default=None,
+                       help="train on the shards `self-distill` wrote in these folders (the last "
+                            "--heldout-shards are held out); the base model is never run")
     group.add_argument("--draft-vocab-size", type=int, default=8192,
                        help="with --recorded: the heads guess among this many most-written tokens")
     group.add_argument("--hard-weight", type=float, default=0.5,
@@ -102,8 +103,12 @@ def add_recorded_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--positions-per-step", type=int, default=512, help="with --recorded: batch size")
 
 
-def _data(paths: list[Path]) -> RecordedData:
-    return RecordedData.from_answers(concat_answers([load_shard(p) for p in paths]))
+def _split(shards: list[Path], heldout_shards: int) -> tuple[RecordedData, RecordedData]:
+    """Training and held-out data; an answer to a held-out question never lands in training."""
+    heldout = concat_answers([load_shard(p) for p in shards[-heldout_shards:]])
+    train = concat_answers([load_shard(p) for p in shards[:-heldout_shards]])
+    train = drop_prompts(train, {tuple(p) for p in heldout.prompts})
+    return RecordedData.from_answers(train), RecordedData.from_answers(heldout)
 
 
 def _trees(evaluation: RecordedEvaluation, budgets: list[int]) -> tuple[dict, dict, dict]:
@@ -119,13 +124,13 @@ def _trees(evaluation: RecordedEvaluation, budgets: list[int]) -> tuple[dict, di
 
 def run_recorded(args: argparse.Namespace) -> int:
     started = time.perf_counter()
-    shards = read_shards(args.recorded)
+    shards = read_shards(*args.recorded)
     if len(shards) <= args.heldout_shards:
-        raise DecodingError(f"{args.recorded} holds {len(shards)} finished shards; need more than "
+        raise DecodingError(f"{' '.join(map(str, args.recorded))} hold {len(shards)} finished shards; need more than "
                             f"--heldout-shards {args.heldout_shards}")
     _, model = _load_base(args.model, args.threads)
     lm_head = model.get_output_embeddings()
-    train, heldout = _data(shards[: -args.heldout_shards]), _data(shards[-args.heldout_shards:])
+    train, heldout = _split(shards, args.heldout_shards)
     settings = RecordedTrainingSettings(
         num_heads=args.num_heads, num_layers=args.num_layers, draft_vocab_size=args.draft_vocab_size,
         epochs=args.epochs, batch_size=args.positions_per_step, lr=args.lr, loss_decay=args.loss_decay,
