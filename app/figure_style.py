@@ -15,6 +15,10 @@ from .palette import BASE, FONT, INK, INK_FADED, INK_FADED_STRONG, REJECTED, REJ
 
 PROJECTOR_SCALE = 1.5
 NARROW_WIDTH = 700  # CSS pixels: below this the page is on a phone
+# The page's layout, as far as figure sizes depend on it (app/layout.py sets these).
+SIDEBAR_PX = 320
+SIDEBAR_CLOSED_BELOW = 1000  # window width under which the sidebar starts closed
+MASK_SHARE = 0.4  # the mask's share of the row it shares with the tree
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,11 @@ class Look:
     def dragmode(self) -> str | bool:
         """Drag pans a large figure; on a phone a drag must scroll the page instead."""
         return False if self.narrow else "pan"
+
+    @property
+    def marker_scale(self) -> float:
+        """Markers shrink on a phone, where the columns of a tree are close together."""
+        return 0.7 if self.narrow else self.scale
 
     def font(self, size: float) -> int:
         return round(size * self.scale)

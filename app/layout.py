@@ -21,7 +21,7 @@ from decoding.prompts import example_prompts
 from decoding.settings import DecodeSettings
 
 from . import handlers
-from .figure_style import message_figure
+from .figure_style import MASK_SHARE, SIDEBAR_CLOSED_BELOW, SIDEBAR_PX, message_figure
 from .gpu import ON_ZERO_GPU, gpu
 from .handlers import Page
 from .inputs import describe_tree, format_choices
@@ -49,21 +49,26 @@ POINTERS = {
 # makes each visible figure fit its box again (Gradio's figures are responsive to resizes).
 RESIZE_PLOTS = "() => { setTimeout(() => window.dispatchEvent(new Event('resize')), 80); }"
 CLOSE_SIDEBAR = "document.querySelector('.sidebar.open .toggle-button')?.click();"
-ON_LOAD = f"""() => {{ if (window.innerWidth < 1000) {{ {CLOSE_SIDEBAR} }} return window.innerWidth; }}"""
+ON_LOAD = f"""() => {{ if (window.innerWidth < {SIDEBAR_CLOSED_BELOW}) {{ {CLOSE_SIDEBAR} }}
+  return window.innerWidth; }}"""
 TOGGLE_PROJECTOR = f"""(on) => {{ document.body.classList.toggle('projector', on);
   if (on) {{ {CLOSE_SIDEBAR} }} return on; }}"""
+# After Run the results' tabs go to the top; on a projector, the round's tree itself.
 SCROLL_TO_RESULTS = """() => { document.getElementById('results')?.scrollIntoView({block: 'start'}); }"""
+SCROLL_TO_ROUND = """() => { const projector = document.body.classList.contains('projector');
+  document.getElementById(projector ? 'round-controls' : 'results')?.scrollIntoView({block: 'start'}); }"""
 POINT_AT = """() => {{ const el = document.getElementById('{elem}');
   if (el) {{ el.scrollIntoView({{behavior: 'smooth', block: 'center'}}); el.classList.add('pointed');
              setTimeout(() => el.classList.remove('pointed'), 2200); }} }}"""
 # A click on a pass in the output stream selects its round (see handlers.jump_to_round).
 # New output scrolls into view, or the marked round when one is selected.
-STREAM_CLICKS = """element.addEventListener('click', (e) => {
-  const pass = e.target.closest('[data-round]');
-  if (pass) trigger('click', {round: Number(pass.dataset.round)}); });
-watch('value', () => { const box = element.querySelector('.stream'); if (!box) return;
+FOLLOW_OUTPUT = """watch('value', () => { const box = element.querySelector('.stream'); if (!box) return;
   const current = box.querySelector('.pass.current');
   if (current) current.scrollIntoView({block: 'nearest'}); else box.scrollTop = box.scrollHeight; });"""
+STREAM_CLICKS = FOLLOW_OUTPUT + """
+element.addEventListener('click', (e) => {
+  const pass = e.target.closest('[data-round]');
+  if (pass) trigger('click', {round: Number(pass.dataset.round)}); });"""
 
 
 def example_rows(model_names: list[str]) -> list[tuple[str, str]]:
@@ -77,9 +82,13 @@ def example_label(prompt: str, model: str) -> str:
     return f"{model} · {first if len(first) <= 56 else first[:55] + '…'}"
 
 
-def model_note() -> str:
-    """Why a model the page could offer is missing, and the command that adds it."""
-    return "\n\n".join(f"*Not here yet:* {why}." for why in missing_models().values())
+def model_note() -> str | None:
+    """Under the model menu: which model is missing and the command that adds it (None if none)."""
+    missing = missing_models()
+    if not missing:
+        return None
+    return " ".join(f"Not here yet: {name} (run `python -m decoding fetch {name}` once, online)."
+                    for name in missing)
 
 
 def build_demo() -> gr.Blocks:
@@ -102,7 +111,7 @@ def build_demo() -> gr.Blocks:
             projector = gr.Checkbox(label="Projector mode", value=False, scale=0, min_width=170,
                                     elem_id="projector")
 
-        with gr.Sidebar(label="Decoding settings", open=True, width=320):
+        with gr.Sidebar(label="Decoding settings", open=True, width=SIDEBAR_PX):
             gr.Markdown("### Decoding settings")
             acceptance = gr.Radio([("greedy (output unchanged)", "greedy"), ("typical acceptance", "typical"),
                                    ("lossless sampling", "sample")], value=DEFAULTS.acceptance, label="Acceptance")
@@ -123,21 +132,20 @@ def build_demo() -> gr.Blocks:
                                   label="Heads to use")
 
         with gr.Row(elem_id="prompt-row"):
-            prompt = gr.Textbox(value=examples[0][0], label="Prompt", lines=3, max_lines=8, scale=3,
-                                elem_id="prompt")
+            with gr.Column(scale=3):
+                prompt = gr.Textbox(value=examples[0][0], label="Prompt", lines=3, max_lines=8, elem_id="prompt")
+                example_dd = gr.Dropdown([(example_label(p, m), str(i)) for i, (p, m) in enumerate(examples)],
+                                         value=None, label="Examples (each picks its model)", elem_id="examples")
             with gr.Column(scale=2, min_width=300):
-                with gr.Row():
-                    model_dd = gr.Dropdown(choices, value=default, label="Model", elem_id="model-dropdown",
-                                           min_width=150)
-                    example_dd = gr.Dropdown([(example_label(p, m), str(i)) for i, (p, m) in enumerate(examples)],
-                                             value=None, label="Examples", elem_id="examples", min_width=150)
+                model_dd = gr.Dropdown(choices, value=default, label="Model", info=model_note(),
+                                       elem_id="model-dropdown")
                 with gr.Row(elem_id="run-row"):
                     max_new = gr.Slider(1, MAX_NEW_TOKENS_UI, value=DEFAULTS.max_new_tokens, step=1, precision=0,
                                         label="Max new tokens", min_width=150, elem_id="max-new-tokens")
                     with gr.Column(min_width=120, scale=0, elem_id="run-buttons"):
                         run_btn = gr.Button("Run", variant="primary", elem_id="run-button", size="md")
                         race_btn = gr.Button("Race vs plain", elem_id="race-button", size="md")
-        model_md = gr.Markdown(_model_text(model), elem_id="model-card")
+        model_md = gr.Markdown(model_card(model), elem_id="model-card")
 
         with gr.Tabs(elem_id="results") as tabs:
             with gr.Tab("Playground", id="playground"):
@@ -185,11 +193,6 @@ def build_demo() -> gr.Blocks:
     return demo.queue(default_concurrency_limit=8)
 
 
-def _model_text(model) -> str:
-    note = model_note()
-    return model_card(model) + (f"\n\n{note}" if note else "")
-
-
 def _playground_tab() -> dict:
     stream_box = gr.HTML(stream_view(None), elem_id="stream-box", js_on_load=STREAM_CLICKS)
     summary = gr.Markdown(elem_id="run-summary")
@@ -202,9 +205,9 @@ def _playground_tab() -> dict:
     round_md = gr.Markdown(elem_id="round-info")
     with gr.Row(elem_id="round-figures"):
         tree_plot = gr.Plot(message_figure("Press Run to see the candidate tree."), show_label=False,
-                            elem_id="tree-plot", scale=3, min_width=420)
+                            elem_id="tree-plot", scale=round(10 * (1 - MASK_SHARE)), min_width=420)
         mask_plot = gr.Plot(message_figure("…and here, its attention mask."), show_label=False,
-                            elem_id="mask-plot", scale=2, min_width=340)
+                            elem_id="mask-plot", scale=round(10 * MASK_SHARE), min_width=340)
     with gr.Accordion("How to read the tree and the mask", open=False, elem_id="figure-keys"):
         gr.Markdown(load_text("tree_key.md"))
         gr.Markdown(load_text("mask_key.md"))
@@ -222,8 +225,8 @@ def _race_tab(tabs: gr.Tabs) -> dict:
     race_md = gr.Markdown(elem_id="race-summary")
     race_status = gr.Markdown(RACE_IDLE, elem_id="race-status")
     with gr.Row(elem_id="race-panes", equal_height=True):
-        ar_pane = gr.HTML(elem_id="ar-pane")
-        medusa_pane = gr.HTML(elem_id="medusa-pane")
+        ar_pane = gr.HTML(elem_id="ar-pane", js_on_load=FOLLOW_OUTPUT)
+        medusa_pane = gr.HTML(elem_id="medusa-pane", js_on_load=FOLLOW_OUTPUT)
     race_plot = gr.Plot(message_figure("Press Race to measure both decoders."), show_label=False,
                         elem_id="race-plot")
     gr.Markdown(load_text("timing_note.md"))
@@ -252,8 +255,8 @@ def _wire_runs(page: Page, run_btn: gr.Button, race_btn: gr.Button) -> None:
     run_outputs = [page.tabs, page.run_state, *page.playground()]
     for trigger in (run_btn.click, page.request["prompt"].submit):
         trigger(gpu(_streaming(handlers.run_medusa, page)), page.inputs(), run_outputs, **model_work).then(**after)
-    for button in (run_btn, race_btn):
-        button.click(None, js=SCROLL_TO_RESULTS, **PRIVATE)
+    run_btn.click(None, js=SCROLL_TO_ROUND, **PRIVATE)
+    race_btn.click(None, js=SCROLL_TO_RESULTS, **PRIVATE)
     race_outputs = [page.tabs, page.run_state, page.race_state, *page.race_views()]
     race_btn.click(gpu(_streaming(handlers.run_race, page), duration=300), page.inputs(), race_outputs,
                    **model_work).then(

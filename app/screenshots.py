@@ -1,7 +1,10 @@
 """Refresh assets/screenshots: start the app, drive it in a real browser, photograph every view.
 
-    python -m app.screenshots                 # the embedded default model
-    python -m app.screenshots --model DIR     # any model `load_model` accepts
+    python -m app.screenshots                 # the page's default model
+    python -m app.screenshots --model DIR     # any model the page can offer
+
+Views: a laptop at 1280x800 (start, after Run, the race, stats, the walkthrough), projector mode
+at 1920x1080 (on the paper's 64-node tree) and at 1280x720, and a phone at 390x844.
 
 Needs Playwright (Python) and Debian's Chromium (`apt-get install -y chromium`); Playwright's own
 browser download is not used. The browser end-to-end test drives the page with the same helpers.

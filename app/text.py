@@ -96,7 +96,7 @@ def run_values(run: RunTrace) -> dict[str, str]:
     if run.tree is not None:
         tree = run.tree
         values |= {
-            "tree_name": md_text(tree.name),
+            "tree_name": md_code(tree.name),
             "tree_nodes": str(tree.size),
             "tree_candidates": str(leaf_count(tree.parents)),
             "tree_depth": str(max(tree.depths)),

@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 
 from decoding.trace import RoundTrace, TreeTrace
 
-from .figure_style import LAPTOP, Look, base_layout, message_figure
+from .figure_style import LAPTOP, MASK_SHARE, SIDEBAR_CLOSED_BELOW, SIDEBAR_PX, Look, base_layout, message_figure
 from .palette import ACCEPTED, ALLOWED, BASE, BLOCKED, INK, head_colour
 from .tokens import figure_text
 from .tree_layout import leaf_count, tidy_layout
@@ -146,7 +146,7 @@ def _node_trace(tree: TreeTrace, rnd: RoundTrace, nodes: list[int], pos: dict[in
     sizes = []
     for n in nodes:
         p = head_prob(rnd, tree, n)
-        sizes.append((8 + 18 * p if p is not None else 18) * look.scale)
+        sizes.append((8 + 18 * p if p is not None else 18) * look.marker_scale)
     on_path = [n in accepted for n in nodes]
     return go.Scatter(
         x=[pos[n][0] for n in nodes], y=[pos[n][1] for n in nodes],
@@ -154,7 +154,9 @@ def _node_trace(tree: TreeTrace, rnd: RoundTrace, nodes: list[int], pos: dict[in
         name="root" if depth == 0 else f"head {depth} guess",
         text=[figure_text(rnd.node_texts[n], look.label_chars) for n in nodes],
         textposition="middle right",
-        textfont=dict(size=label_size, color=[INK if a else look.faded_ink for a in on_path]),
+        # The accepted path's tokens are a size larger: on a crowded tree they are what to read.
+        textfont=dict(size=[round(label_size * (1.25 if a else 1)) for a in on_path],
+                      color=[INK if a else look.faded_ink for a in on_path]),
         hovertext=[_node_hover(tree, rnd, n, accepted) for n in nodes],
         hoverinfo="text",
         marker=dict(
@@ -193,7 +195,7 @@ def _add_next_token(fig: go.Figure, tree: TreeTrace, rnd: RoundTrace, pos: dict[
         x=[star_x], y=[y0], mode="markers+text", name="next token (the next root)",
         text=[figure_text(next_token_text(rnd), look.label_chars)], textposition="middle right",
         textfont=dict(size=max(label_size, look.font(12)), color=INK),
-        marker=dict(symbol="star", size=20 * look.scale, color=BASE, line=dict(color=ACCEPTED, width=2)),
+        marker=dict(symbol="star", size=20 * look.marker_scale, color=BASE, line=dict(color=ACCEPTED, width=2)),
         hovertext=[next_token_hover(rnd)], hoverinfo="text",
     ))
 
@@ -212,21 +214,29 @@ def mask_label(rnd: RoundTrace, node: int, look: Look = LAPTOP) -> str:
 
 
 def labelled_nodes(size: int, accepted: list[int], every: int) -> list[int]:
-    """The nodes whose rows get a label: the accepted path always, and every `every`-th node
-    that is not so close to an accepted one that the two labels would overlap."""
-    keep = set(accepted)
-    gap = max(1, every // 2)
-    for node in range(0, size, every):
-        if all(abs(node - a) >= gap for a in accepted):
-            keep.add(node)
+    """The rows that get a label, at least `every` rows apart so no two overlap: accepted rows
+    first (the root always), then every `every`-th row where there is room."""
+    keep: list[int] = []
+    for node in [*accepted, *range(0, size, every)]:
+        if all(abs(node - other) >= every for other in keep):
+            keep.append(node)
     return sorted(keep)
+
+
+def mask_plot_px(tree: TreeTrace, look: Look = LAPTOP) -> float:
+    """About how many pixels the mask's square of cells spans: the figure's height less its
+    margins, or its column's width where that is smaller (the mask shares the row with the tree,
+    and on a laptop the settings sidebar takes its width)."""
+    height = mask_height(tree, look) - 100 * look.scale
+    content = look.width - 80 - (0 if look.projector or look.width < SIDEBAR_CLOSED_BELOW else SIDEBAR_PX)
+    column = content if look.projector or look.narrow else content * MASK_SHARE
+    return max(50.0, min(height, column - 110 * look.scale))  # less the row labels
 
 
 def label_every(tree: TreeTrace, look: Look = LAPTOP) -> int:
     """Label one row in this many, so labels never overlap (1 for a small tree)."""
-    plot_px = mask_height(tree, look) - 90 * look.scale
-    label_px = look.font(11) * 1.4
-    return max(1, math.ceil(label_px / (plot_px / tree.size)))
+    label_px = look.font(11) * 1.3
+    return max(1, math.ceil(label_px / (mask_plot_px(tree, look) / tree.size)))
 
 
 def mask_cell_values(tree: TreeTrace, rnd: RoundTrace) -> list[list[int]]:

@@ -17,6 +17,7 @@ from decoding.trace import RunTrace
 
 from . import charts
 from .figure_style import LAPTOP, Look, message_figure
+from .models import describe
 from .race import RaceFrame, RaceResult
 from .tokens import legend_html, md_code, md_text, stream_html
 from .tree_figures import mask_figure, next_token_text, tree_figure
@@ -27,7 +28,7 @@ STOP_REASONS = {"max_new_tokens": "reached Max new tokens", "eos": "the model en
 
 
 def model_card(model: MedusaModel) -> str:
-    return (f"**{md_text(model.name)}** · {model.num_heads} heads · {model.device} · "
+    return (f"**{md_text(describe(model.name))}** · {model.num_heads} heads · {model.device} · "
             f"{str(model.dtype).removeprefix('torch.')} · context {model.context_length} tokens")
 
 
@@ -165,10 +166,10 @@ RACE_IDLE = "Press **Race vs plain** to measure both decoders on this prompt."
 def race_status(frame: RaceFrame) -> str:
     """Where the race is: the visitor waits tens of seconds for a real model, so say what runs."""
     if frame.phase == "warm-up":
-        return f"⏳ Warming up both decoders (a short run of each), then {frame.races} race(s)…"
+        return f"Warming up both decoders (a short run of each), then {frame.races} race(s)…"
     if frame.phase == "measuring":
         who = "plain decoding" if frame.measuring == "ar" else "Medusa"
-        return (f"⏳ Race {frame.finished + 1} of {frame.races}: measuring **{who}** alone… "
+        return (f"Race {frame.finished + 1} of {frame.races}: measuring **{who}** alone… "
                 f"(the page waits so it does not slow the run down)")
     if frame.phase == "replaying":
         return "▶ Replaying the median race side by side, in real time, on its measured clock."
@@ -224,10 +225,12 @@ class RaceView:
 
 def race_view(frame: RaceFrame, look: Look = LAPTOP) -> RaceView:
     ar, medusa = frame.shown
+    figure = (charts.race_figure(frame.result, until=frame.clock, look=look) if frame.result
+              else message_figure("Measuring… the median race is replayed here once every race has run.", look))
     return RaceView(
         race_status(frame),
         race_pane("Plain decoding (one token per pass)", ar, frame.clock),
         race_pane("Medusa", medusa, frame.clock),
-        charts.race_figure(frame.result, until=frame.clock, look=look),
+        figure,
         race_verdict(frame.result) if frame.result else "",
     )

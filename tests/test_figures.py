@@ -10,6 +10,7 @@ from app import charts
 from app.figure_style import Look
 from app.tokens import figure_text, stream_html
 from app.tree_figures import (
+    label_every,
     labelled_nodes,
     mask_figure,
     mask_label,
@@ -132,8 +133,8 @@ def test_a_big_tree_is_capped_in_height_with_labels_no_taller_than_a_row():
     fig = tree_figure(big.tree, big.rounds[0])
     rows = leaf_count(big.tree.parents)
     assert fig.layout.height == tree_height(big.tree) <= 600
-    label_px = _node_traces(fig)[1].textfont.size
-    assert 8 <= label_px <= (fig.layout.height - 90) / rows
+    sizes = _node_traces(fig)[2].textfont.size  # depth 2: 28 nodes, one of them accepted
+    assert 8 <= min(sizes) <= (fig.layout.height - 90) / rows and max(sizes) > min(sizes)
     assert all(len(t) <= 10 for tr in _node_traces(fig) for t in tr.text)
 
 
@@ -178,24 +179,31 @@ def test_mask_uses_integer_coordinates_unique_labels_and_row_zero_on_top():
     assert fig.layout.yaxis.autorange == "reversed"
 
 
-def test_a_big_mask_labels_the_accepted_rows_and_thins_the_rest():
+def test_a_big_mask_thins_its_labels_and_keeps_a_hover_for_every_cell():
     big = make_run(MC_SIM_7B_63, accepted_leaves=[40])
     rnd = big.rounds[0]
     fig = mask_figure(big.tree, rnd)
     shown = list(fig.layout.yaxis.tickvals)
-    assert set(rnd.accepted_nodes) <= set(shown)
-    assert 8 <= len(shown) < 40
+    assert 0 in shown and 5 <= len(shown) < 30
+    assert all(b - a >= label_every(big.tree) for a, b in zip(shown, shown[1:]))
     assert list(fig.layout.yaxis.ticktext) == [mask_label(rnd, n) for n in shown]
     assert all(mask_label(rnd, n).startswith("✓") for n in rnd.accepted_nodes)
     (heat,) = fig.data
     assert all(len(row) == 64 and all(row) for row in heat.text)  # a hover for every cell
+    assert [max(heat.z[n]) for n in range(64)] == [2 if n in rnd.accepted_nodes else 1 for n in range(64)]
 
 
-def test_labelled_nodes_never_put_two_labels_closer_than_half_the_step():
-    shown = labelled_nodes(64, [0, 3, 17, 40], every=6)
-    others = [n for n in shown if n not in (0, 3, 17, 40)]
-    assert all(min(abs(n - a) for a in (0, 3, 17, 40)) >= 3 for n in others)
+def test_labelled_rows_are_never_closer_than_the_step_and_the_root_is_always_labelled():
+    shown = labelled_nodes(64, [0, 1, 3, 17, 40], every=6)
+    assert shown[0] == 0 and {17, 40} <= set(shown)
+    assert all(b - a >= 6 for a, b in zip(shown, shown[1:]))
     assert labelled_nodes(9, [0, 2], every=1) == list(range(9))
+
+
+def test_a_narrower_mask_labels_fewer_rows():
+    big = make_tree(MC_SIM_7B_63)
+    assert label_every(big, Look(width=1920, projector=True)) < label_every(big, Look(width=1280))
+    assert label_every(make_tree(SMALL_CHOICES)) == 1
 
 
 # ----------------------------------------------------------------------------- race and stats
