@@ -12,6 +12,7 @@ and its 64x64 mask for every round would keep the browser busy long after the ru
 from __future__ import annotations
 
 import hashlib
+import html
 import json
 import tempfile
 import time
@@ -104,18 +105,28 @@ def look_of(projector: bool, width: float | None) -> Look:
     return Look(projector=bool(projector), width=int(width or 1280))
 
 
+def toast_text(error: DecodingError) -> str:
+    """An engine message for Gradio's toasts, which render HTML: escaped, as it may quote
+    what a visitor typed (quotes are left alone, for API clients reading the same text)."""
+    return html.escape(str(error), quote=False)
+
+
+def refusal(error: DecodingError) -> gr.Error:
+    return gr.Error(toast_text(error))
+
+
 def _load(name: str) -> MedusaModel:
     try:
         return cache.get(require_offered(name))
     except DecodingError as e:
-        raise gr.Error(str(e)) from e
+        raise refusal(e) from e
 
 
 def _settings(model: MedusaModel, request: RunRequest) -> DecodeSettings:
     try:
         return decode_settings(model, request)
     except DecodingError as e:
-        raise gr.Error(str(e)) from e
+        raise refusal(e) from e
 
 
 # ----------------------------------------------------------------------------- run
@@ -158,7 +169,7 @@ def run_medusa(page: Page, values: dict) -> Iterator[dict]:
             if update:
                 yield update
     except DecodingError as e:
-        raise gr.Error(str(e)) from e
+        raise refusal(e) from e
 
 
 def show_run(page: Page, values: dict) -> dict:
@@ -194,7 +205,7 @@ def run_race(page: Page, values: dict) -> Iterator[dict]:
             last_push, last_phase = now, frame.phase
             yield update
     except DecodingError as e:
-        raise gr.Error(str(e)) from e
+        raise refusal(e) from e
 
 
 # ----------------------------------------------------------------------------- after a run
@@ -292,7 +303,7 @@ def switch_model(name: str, previous: str) -> tuple:
     try:
         model = cache.get(require_offered(name))
     except DecodingError as e:
-        gr.Warning(str(e))
+        gr.Warning(toast_text(e))
         return (previous, previous, gr.skip(), gr.skip(), gr.skip(), gr.skip())
     return (gr.skip(), name, views.model_card(model),
             gr.Slider(maximum=model.num_heads, value=model.num_heads),
@@ -336,4 +347,4 @@ def trace_api(prompt: str, max_new_tokens: int = DecodeSettings.max_new_tokens, 
                                   num_heads=int(num_heads) or None, seed=None if seed < 0 else int(seed))
         return generate(mm, prompt, settings).to_dict()
     except DecodingError as e:
-        raise gr.Error(str(e)) from e
+        raise refusal(e) from e

@@ -214,3 +214,8 @@ def test_a_model_that_is_not_fetched_is_named_with_the_command_that_gets_it(monk
     assert "python -m decoding fetch smollm2" in model_note()
     with pytest.raises(DecodingError, match="python -m decoding fetch smollm2"):
         require_offered("smollm2")
+
+
+def test_error_toasts_show_a_typed_tag_as_text(client):
+    with pytest.raises(Exception, match="&lt;img src=x&gt;"):
+        client.predict("It is", 4, "<img src=x>", api_name="/trace")
