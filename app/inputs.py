@@ -8,12 +8,14 @@ from `DecodeSettings`, so the page, the CLI and the API start from the same valu
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from decoding.errors import DecodingError
 from decoding.loading import MedusaModel
 from decoding.settings import DecodeSettings
 from decoding.tree import Tree
+
+from .race import DEFAULT_RACES
 
 DEFAULTS = DecodeSettings()
 
@@ -33,11 +35,7 @@ class RunRequest:
     preset: str = ""
     tree_text: str = ""  # the tree editor's JSON; "" means the preset as it is
     num_heads: int = 0  # 0: all the model's heads
-    races: int = 3
-
-    @classmethod
-    def field_names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
+    races: int = DEFAULT_RACES
 
 
 def parse_tree_json(text: str) -> list[list[int]]:
