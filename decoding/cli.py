@@ -108,7 +108,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .loading import load_model
     from .prompts import read_prompts
 
-    prompts = read_prompts(args.prompts)
+    prompts = [prompt for path in args.prompts for prompt in read_prompts(path)]
     trees = args.tree
     settings = _settings(args, trees[0])
     _set_threads(args)
@@ -145,7 +145,8 @@ def _generate_arguments(p: argparse.ArgumentParser) -> None:
 
 def _bench_arguments(p: argparse.ArgumentParser) -> None:
     _add_model_arguments(p)
-    p.add_argument("--prompts", type=Path, required=True, help=".txt file, one prompt a line, or .json list of strings")
+    p.add_argument("--prompts", type=Path, nargs="+", required=True,
+                   help=".txt file, one prompt a line, or .json list of strings; several are read in turn")
     _add_decoding_arguments(p, many_trees=True)
     p.add_argument("--compare-generate", action="store_true",
                    help="also time transformers' own generate(do_sample=False) beside plain decoding")

@@ -157,6 +157,17 @@ def test_cli_bench_reads_multiline_prompts_from_json(capsys, tiny_dirs, tmp_path
     assert json.loads(out)["prompts"] == 2
 
 
+def test_cli_bench_reads_several_prompt_files_in_turn(capsys, tiny_dirs, tmp_path):
+    """`--prompts A B`: a model's example prompts and its bench prompts, one run over both."""
+    lines, code_prompts = tmp_path / "a.txt", tmp_path / "b.json"
+    lines.write_text("It is a truth\nThe quick brown fox\n")
+    code_prompts.write_text(json.dumps(["def f(x):\n    return"]))
+    code, out, _ = run_cli(capsys, "bench", "--model", str(tiny_dirs["llama"]), "--prompts", str(lines),
+                           str(code_prompts), "--max-new-tokens", "4", "--tree", "chain-3", "--json")
+    assert code == 0
+    assert json.loads(out)["prompts"] == 3
+
+
 @pytest.mark.parametrize("name, content, message", [
     ("p.json", "[\"a\",", "is not valid JSON"),
     ("p.json", "{\"prompt\": \"a\"}", "JSON list of strings"),
