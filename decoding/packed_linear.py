@@ -1,7 +1,7 @@
 """Linear layers whose weights are packed once for the CPU's matrix library, not on every call.
 
-On a CPU, `F.linear` with a handful of rows (one decoding step, or a tree of 4-16 candidates)
-runs a matrix product that first re-packs the whole weight matrix into the blocked layout its
+On a CPU, `F.linear` with a handful of rows (a tree of 4-16 candidates) runs a matrix product
+that first re-packs the whole weight matrix into the blocked layout its
 kernel reads. For a 1536 x 576 layer that copy costs about as much as the product itself, so a
 verify pass of 8 tokens moved the weights about twice and cost 1.8-2.1 one-token steps on
 SmolLM2 (design.md, section 8). oneDNN can pack the weights once, ahead of time: PyTorch's
@@ -10,10 +10,12 @@ multiplies by the packed copy. These are the ops inductor's weight freezing emit
 linear layers (torch/_inductor/fx_passes/mkldnn_fusion.py); they are private, so the packing
 is tried once and everything falls back to plain `nn.Linear` where they are missing or fail.
 
-The packed kernels sum in another order than `F.linear`, and maybe differently for 1 row and
-for 8, so a packed model's logits differ from an unpacked one's in the last bits. Greedy
-decoding with Medusa is still exactly plain greedy decoding *of the same packed model*; the
-tests check that, and that both agree with the unpacked model on the tiny test models.
+A single row (a one-token step) still goes through `F.linear`, which runs it as a
+matrix-vector product and re-packs nothing. So a step and a verify pass sum in different
+orders, and their logits differ in the last bits (on SmolLM2 an 8-token pass and 8 steps differ
+by at most 5e-5, as they do unpacked by 2e-5; argmax equal). Greedy identity is therefore
+checked on whole runs: Medusa on the packed model, plain decoding on it, and plain decoding on
+the unpacked model write the same tokens (tests/test_packed_linear.py).
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 # oneDNN lays the packed weights out for this many rows. Measured on SmolLM2 (1 thread, past 150,
-# scripts/pass_cost.py): with 8, passes of 4-16 tokens cost 1.1-1.6 one-token steps; with 1,
-# 1.5-1.8, and the one-token step itself was no faster. 16 measured like 8.
+# scripts/pass_cost.py): with 8, passes of 4-16 tokens cost 1.2-1.6 one-token steps; with 1,
+# 1.5-1.9. 16 measured like 8.
 BATCH_SIZE_HINT = 8
 
 
@@ -60,12 +62,15 @@ def can_pack(linear: nn.Module) -> bool:
 
 
 class PackedLinear(nn.Module):
-    """An inference-only stand-in for a CPU nn.Linear, multiplying by a copy packed once.
+    """A stand-in for a CPU nn.Linear that multiplies by a copy of its weights packed once.
 
     It keeps the original `weight` and `bias` parameters (shared, not copied), so code that
     reads `lm_head.weight`, tied embeddings and `state_dict()` see what they saw before; the
     packed copy is a plain attribute, outside the state dict and out of reach of `.to()`.
-    That costs a second copy of the weights in memory, which the forward pass never reads.
+    That costs a second copy of the weights in memory, but it lets two cases use `weight` as
+    nn.Linear does: a single row (a one-token step) is a matrix-vector product, which re-packs
+    nothing and measured 10-20% faster than the packed kernel here; and the packed op has no
+    backward pass, so where a gradient is wanted it would silently hand back none.
     """
 
     def __init__(self, linear: nn.Linear, batch_size_hint: int = BATCH_SIZE_HINT) -> None:
@@ -76,6 +81,10 @@ class PackedLinear(nn.Module):
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), batch_size_hint)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        one_row = x.numel() == self.in_features
+        wants_grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+        if one_row or wants_grad:
+            return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:

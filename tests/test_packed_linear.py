@@ -37,6 +37,17 @@ def test_packed_linear_multiplies_like_nn_linear(rows, bias, hint):
             torch.testing.assert_close(layer(x), linear(x), rtol=1e-5, atol=1e-5)
 
 
+@needs_packing
+def test_gradients_flow_as_through_nn_linear():
+    torch.manual_seed(0)
+    linear = nn.Linear(16, 8)
+    layer = PackedLinear(linear)
+    x = torch.randn(3, 16, requires_grad=True)
+    layer(x).square().sum().backward()
+    expected = torch.autograd.grad(linear(x).square().sum(), x)[0]
+    torch.testing.assert_close(x.grad, expected)
+
+
 class Adapter(nn.Linear):
     """A subclass with a forward of its own, which packing must leave alone."""
 
