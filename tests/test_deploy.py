@@ -280,3 +280,16 @@ def test_a_refusal_from_the_hub_is_one_line(fake_hub, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: the Hub refused") and len(err.strip().splitlines()) == 1
     assert hub.commit == []
+
+
+@pytest.mark.parametrize("model, data_licence", [
+    ("austen", "public domain"),
+    ("stdlib", "Python Software Foundation License Version 2"),
+    ("stdlib-deep", "Python Software Foundation License Version 2"),
+])
+def test_each_model_card_states_its_data_and_weights_licences(model, data_licence):
+    card = (ROOT / "assets" / "models" / model / "README.md").read_text(encoding="utf-8")
+    assert front_matter(card)["license"] == "apache-2.0"
+    text = " ".join(split_front_matter(card)[1].split())
+    assert data_licence in text and "under Apache-2.0, the project's licence" in text
+    assert "not been chosen" not in text
