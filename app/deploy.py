@@ -1,6 +1,6 @@
 """Deploy the app to a Hugging Face Space in one command.
 
-    python -m app.deploy --space USER/NAME [--hardware a10g-small] [--private] [--dry-run]
+    python -m app.deploy --space USER/NAME [--hardware a10g-small] [--model NAME] [--private] [--dry-run]
 
 What goes up is what git tracks (`git ls-files`, the working tree's copies), less what only
 developers need (tests, CI, lint configuration, scripts): the app, the engine, the assets and
@@ -11,7 +11,8 @@ mirrors the checkout.
 
 The README's front matter is rewritten on the way: `suggested_hardware` becomes `--hardware`,
 `models` lists every hub model the app can load (the registry's heads and bases, and SmolLM2),
-and `license` is the project's.
+and `license` is the project's. `--model` sets the Space's MEDUSA_PLAYGROUND_MODEL variable, the
+model the page loads at start-up and offers first.
 
 `--dry-run` contacts nothing: it lists every file with its size and whether it goes through
 Xet/LFS, and checks that every binary matches an LFS rule in `.gitattributes` (so a `git push`
@@ -40,6 +41,7 @@ LFS_MIN_SIZE = 10 * 1024 * 1024
 # UTF-8 is binary too (the Hub would refuse it as text).
 SNIFF_BYTES = 8000
 LICENSE_ID = "apache-2.0"
+MODEL_VARIABLE = "MEDUSA_PLAYGROUND_MODEL"  # read by app/models.py
 ENDPOINT = "https://huggingface.co"
 
 
@@ -66,6 +68,7 @@ class Plan:
     hardware: str | None
     files: list[ShippedFile]
     readme: str  # README.md as the Space gets it
+    model: str | None = None  # the Space's MEDUSA_PLAYGROUND_MODEL, if set
 
     @property
     def url(self) -> str:
@@ -224,13 +227,13 @@ def hardware_flavors() -> list[str]:
     return [flavor.value for flavor in SpaceHardware]
 
 
-def make_plan(space: str, hardware: str | None = None, root: Path = ROOT) -> Plan:
+def make_plan(space: str, hardware: str | None = None, root: Path = ROOT, model: str | None = None) -> Plan:
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", space):
         raise DeployError(f"--space must be USER/NAME (or ORG/NAME), not {space!r}")
     if hardware is not None and hardware not in hardware_flavors():
         raise DeployError(f"unknown hardware {hardware!r}; one of: {', '.join(hardware_flavors())}")
     readme = space_readme((root / "README.md").read_text(encoding="utf-8"), hardware)
-    return Plan(space, hardware, shipped_files(root), readme)
+    return Plan(space, hardware, shipped_files(root), readme, model)
 
 
 def _size(n: int) -> str:
@@ -241,7 +244,8 @@ def describe(plan: Plan) -> str:
     """Every file with its size and how it goes up, and the front matter the Space gets."""
     lfs = [f for f in plan.files if f.through_lfs]
     total = sum(f.size for f in plan.files)
-    lines = [f"Space {plan.space} ({plan.url}), hardware: {plan.hardware or 'as the Space has it (new: cpu-basic)'}",
+    lines = [f"Space {plan.space} ({plan.url}), hardware: {plan.hardware or 'as the Space has it (new: cpu-basic)'}, "
+             f"{MODEL_VARIABLE}: {plan.model or 'as the Space has it (unset: the embedded default)'}",
              f"{len(plan.files)} files, {_size(total)}; {len(lfs)} through Xet/LFS "
              f"({_size(sum(f.size for f in lfs))}), the rest as plain git files:",
              f"  {'size':>9}  {'upload':<8} path"]
@@ -265,6 +269,8 @@ def deploy(plan: Plan, *, private: bool = False, token: str | None = None, messa
                     private=private or None, exist_ok=True)  # None: the account's default
     if plan.hardware:  # create_repo leaves an existing Space's hardware as it was
         api.request_space_hardware(plan.space, plan.hardware)
+    if plan.model:
+        api.add_space_variable(plan.space, MODEL_VARIABLE, plan.model)
     shipped = {f.path for f in plan.files}
     operations: list = [CommitOperationAdd(path_in_repo=f.path, path_or_fileobj=str(root / f.path))
                         for f in plan.files if f.path != "README.md"]
@@ -291,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hardware", default=None, metavar="FLAVOR",
                         help="Space hardware, e.g. zero-a10g (ZeroGPU), a10g-small, l4x1, a100-large; also "
                              "written as suggested_hardware (default: leave the Space's hardware as it is)")
+    parser.add_argument("--model", default=None, metavar="NAME",
+                        help=f"set the Space's {MODEL_VARIABLE}: the model it loads at start-up and offers first, "
+                             "e.g. medusa-vicuna-7b-v1.3 (default: leave it as it is)")
     parser.add_argument("--private", action="store_true", help="create the Space private (ignored if it exists)")
     parser.add_argument("--token", default=None, help="Hub token (default: the saved login or HF_TOKEN)")
     parser.add_argument("--message", default=None, help="commit message on the Space")
@@ -300,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     from huggingface_hub.errors import HfHubHTTPError
 
     try:
-        plan = make_plan(args.space, args.hardware)
+        plan = make_plan(args.space, args.hardware, model=args.model)
         problems = plan.problems()
         if args.dry_run:
             print(describe(plan))

@@ -30,6 +30,7 @@ from app.deploy import (
     split_front_matter,
     tracked_files,
 )
+from app.models import MODEL_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 GIT = shutil.which("git")
@@ -110,7 +111,8 @@ def test_a_binary_without_an_lfs_rule_stops_the_deploy(tmp_path, monkeypatch, ca
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
     subprocess.run(["git", "-C", str(repo), "add", "."], check=True)
     monkeypatch.setattr(deploy, "ROOT", repo)
-    monkeypatch.setattr(deploy, "make_plan", lambda space, hardware=None: make_plan(space, hardware, root=repo))
+    monkeypatch.setattr(deploy, "make_plan",
+                        lambda space, hardware=None, model=None: make_plan(space, hardware, root=repo, model=model))
     assert deploy.main(["--space", "USER/NAME", "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert "weights.dat: binary, but no .gitattributes LFS rule matches it" in err and "notes.txt" not in err
@@ -161,6 +163,7 @@ class FakeHub:
         self.space, self.remote_files, self.refuse_create = space, remote_files, refuse_create
         self.created: dict | None = None
         self.hardware: dict | None = None
+        self.variables: dict[str, str] = {}
         self.lfs_modes: dict[str, str] = {}
         self.lfs_store: dict[str, bytes] = {}
         self.commit: list[dict] = []
@@ -183,6 +186,10 @@ class FakeHub:
         if (method, path) == ("POST", f"/api/spaces/{space}/hardware"):
             self.hardware = json.loads(request.content)
             return httpx2.Response(200, json={"stage": "BUILDING", "hardware": {"requested": self.hardware["flavor"]}})
+        if (method, path) == ("POST", f"/api/spaces/{space}/variables"):
+            variable = json.loads(request.content)
+            self.variables[variable["key"]] = variable["value"]
+            return httpx2.Response(200, json={k: {"value": v} for k, v in self.variables.items()})
         if method == "GET" and path.startswith(f"/api/spaces/{space}/tree/main"):
             return httpx2.Response(200, json=[{"type": "file", "path": p, "size": 1, "oid": "0" * 40}
                                               for p in self.remote_files])
@@ -241,7 +248,8 @@ def fake_hub(monkeypatch):
 def test_deploy_uploads_the_app_in_one_commit(fake_hub, capsys):
     space = "someone/medusa-playground"
     hub = fake_hub(FakeHub(space, remote_files=["README.md", ".gitattributes", "app/old_module.py"]))
-    code = deploy.main(["--space", space, "--hardware", "a10g-small", "--token", "hf_fake_token"])
+    code = deploy.main(["--space", space, "--hardware", "a10g-small", "--model", "medusa-vicuna-7b-v1.3",
+                        "--token", "hf_fake_token"])
     out = capsys.readouterr().out
     assert code == 0
     assert hub.unexpected == []
@@ -249,6 +257,7 @@ def test_deploy_uploads_the_app_in_one_commit(fake_hub, capsys):
     assert hub.created == {"name": "medusa-playground", "organization": "someone", "type": "space",
                            "sdk": "gradio", "hardware": "a10g-small"}
     assert hub.hardware == {"flavor": "a10g-small"}
+    assert hub.variables == {MODEL_ENV: "medusa-vicuna-7b-v1.3"}  # the variable app/models.py reads
     assert out.strip().endswith(f"https://huggingface.co/spaces/{space}")
 
     plan = make_plan(space, "a10g-small")
