@@ -110,7 +110,8 @@ def run_values(run: RunTrace) -> dict[str, str]:
             "best_text": _quoted(best.emitted_texts),
         }
         if best.heads_topk_tokens and best.node_texts and run.tree is not None:
-            first_level = [n for n in range(run.tree.size) if run.tree.depths[n] == 1]
+            tree = run.round_tree(best)
+            first_level = [n for n in range(tree.size) if tree.depths[n] == 1]
             values["best_head1_guesses"] = _quoted([best.node_texts[n] for n in first_level])
     for depth, overall, _ in acceptance_by_depth(run)[:2]:
         values[f"head{depth}_rate"] = f"{overall:.0%}"

@@ -57,7 +57,7 @@ def round_info(trace: RunTrace, index: int) -> str:
     tokens = " ".join(md_code(t, 14) for t in rnd.emitted_texts)
     if trace.tree is not None and rnd.tree_size:
         accepted = len(rnd.accepted_nodes) - 1
-        tried = (f"verified **{rnd.tree_size} tree nodes** ({leaf_count(trace.tree.parents)} candidate "
+        tried = (f"verified **{rnd.tree_size} tree nodes** ({leaf_count(trace.round_tree(rnd).parents)} candidate "
                  f"paths) in one pass · accepted **{accepted} guess(es)** · ")
         # The last round may be cut short by the token limit (or end at an end-of-text token).
         cut = " (cut at the end of the run)" if rnd.accepted_length < accepted + 1 else ""
@@ -94,7 +94,8 @@ def round_view(trace: RunTrace | None, index: int, look: Look = LAPTOP) -> Round
         return RoundView("", message_figure(waiting, look), message_figure("…and here, its attention mask.", look))
     index = clamp_round(trace, index)
     rnd = trace.rounds[index]
-    return RoundView(round_info(trace, index), tree_figure(trace.tree, rnd, look), mask_figure(trace.tree, rnd, look))
+    tree = trace.round_tree(rnd)
+    return RoundView(round_info(trace, index), tree_figure(tree, rnd, look), mask_figure(tree, rnd, look))
 
 
 def clamp_round(trace: RunTrace | None, index: int) -> int:

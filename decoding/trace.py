@@ -41,6 +41,16 @@ class TreeTrace:
     def size(self) -> int:
         return len(self.parents)
 
+    def cut(self, size: int) -> TreeTrace:
+        """The first `size` nodes. Near the context limit a round verifies only the tree levels
+        that still fit; nodes are ordered by depth, so those levels are a prefix of the tree."""
+        if size >= self.size:
+            return self
+        paths = self.choices[: size - 1]
+        return TreeTrace(choices=paths, parents=self.parents[:size], depths=self.depths[:size],
+                         heads=self.heads[:size], ranks=self.ranks[:size],
+                         mask=[row[:size] for row in self.mask[:size]], name=self.name)
+
 
 @dataclass
 class RoundTrace:
@@ -169,6 +179,12 @@ class RunTrace:
     @property
     def tokens_per_second(self) -> float:
         return len(self.tokens) / self.total_time if self.total_time > 0 else 0.0
+
+    def round_tree(self, round_trace: RoundTrace) -> TreeTrace | None:
+        """The tree a round verified: the run's tree, cut where the round ran out of context."""
+        if self.tree is None or not round_trace.tree_size:
+            return self.tree
+        return self.tree.cut(round_trace.tree_size)
 
     # ----- JSON -----
     def to_dict(self) -> dict[str, Any]:

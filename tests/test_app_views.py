@@ -155,3 +155,24 @@ def test_race_status_says_which_race_and_decoder_is_running():
 def test_page_texts_live_in_assets():
     assert "Medusa Playground" in load_text("header.html")
     assert "median" in load_text("timing_note.md")
+
+
+def test_rounds_cut_short_at_the_context_limit_draw_the_tree_they_verified(tiny_llama):
+    """Near the context limit the engine verifies only the tree levels that fit: each round's
+    figures must show that smaller tree, not index the full one."""
+    from decoding import DecodeSettings, generate
+
+    saved = tiny_llama.context_length
+    tiny_llama.context_length = 70
+    try:
+        trace = generate(tiny_llama, "It is a truth universally acknowledged, that a single man in possession",
+                         DecodeSettings(max_new_tokens=40, tree="mc_sim_7b_63"))
+    finally:
+        tiny_llama.context_length = saved
+    sizes = [r.tree_size for r in trace.rounds]
+    assert sizes[0] == 64 and min(sizes) < 64  # the run did reach the limit
+    for index, rnd in enumerate(trace.rounds):
+        tree = trace.round_tree(rnd)
+        assert tree.size == rnd.tree_size and len(tree.mask) == rnd.tree_size
+        view = views.round_view(trace, index)
+        assert f"verified **{rnd.tree_size} tree nodes**" in view.info
