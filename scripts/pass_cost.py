@@ -7,6 +7,8 @@ For each thread count, every variant (eager `F.linear`, and `PackedLinear` packe
 hint) is timed in turn, round after round, so a busy machine slows them alike; the table shows
 medians. A pass feeds T tokens after `--past` cached ones with a 4D additive mask and explicit
 positions, as a verify pass does (a chain: the mask's shape, not its pattern, sets the cost).
+Costs are in eager one-token steps, the step plain decoding takes (PackedLinear runs one row
+through `F.linear` too, so its own step column should match eager's).
 It also checks that the logits of one 8-token pass match those of 8 single steps.
 """
 
@@ -116,11 +118,13 @@ def main() -> None:
                     variants.use(variant)
                     for size in sizes:
                         seconds[variant, size].append(timed_pass(model, batches[size], cache))
-            print(f"\n{threads} thread(s), past {args.past}, medians of {args.rounds} interleaved rounds")
+            print(f"\n{threads} thread(s), past {args.past}, medians of {args.rounds} interleaved rounds, "
+                  "T-token pass in eager one-token steps")
             print(f"{'variant':>10} {'step ms':>8} " + " ".join(f"{f'T={s}':>6}" for s in args.sizes))
+            eager_step = statistics.median(seconds["eager", 1])
             for variant in variants.layers:
                 step = statistics.median(seconds[variant, 1])
-                costs = " ".join(f"{statistics.median(seconds[variant, s]) / step:6.2f}" for s in args.sizes)
+                costs = " ".join(f"{statistics.median(seconds[variant, s]) / eager_step:6.2f}" for s in args.sizes)
                 print(f"{variant:>10} {step * 1e3:8.1f} {costs}")
 
 
