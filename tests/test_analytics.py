@@ -21,10 +21,10 @@ def tiny_model_dir(tmp_path_factory) -> str:
 def build_app(monkeypatch, tiny_model_dir: str, analytics: str | None) -> dict:
     """app.py's page config (what its /config route serves), built with GRADIO_ANALYTICS_ENABLED as given."""
     monkeypatch.setenv("MEDUSA_PLAYGROUND_MODEL", tiny_model_dir)
+    # Set first, so that monkeypatch restores the variable as it was even after app.py's setdefault.
+    monkeypatch.setenv("GRADIO_ANALYTICS_ENABLED", analytics or "")
     if analytics is None:
-        monkeypatch.delenv("GRADIO_ANALYTICS_ENABLED", raising=False)
-    else:
-        monkeypatch.setenv("GRADIO_ANALYTICS_ENABLED", analytics)
+        monkeypatch.delenv("GRADIO_ANALYTICS_ENABLED")
     demo = runpy.run_path(str(APP), run_name="app_under_test")["demo"]  # not "__main__": no launch
     return demo.get_config_file()
 
