@@ -247,13 +247,13 @@ def _cut(tree: Tree, depth: int, device: torch.device) -> tuple[Tree, torch.Tens
     return cut, cut.draft_index.to(device)
 
 
-def _guesses(mm: MedusaModel, hidden: torch.Tensor, tree: Tree,
+def _guesses(mm: MedusaModel, hidden: torch.Tensor, tree: Tree, root: int,
              with_probs: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The heads' top-k table for the tree; an empty one for a root-only tree, which reads no head."""
     if tree.max_depth == 0:
         empty = torch.empty(0, 1, device=mm.device)
         return empty.long(), empty if with_probs else None
-    return draft(mm, hidden, tree, with_probs=with_probs)
+    return draft(mm, hidden, tree, root, with_probs=with_probs)
 
 
 @torch.inference_mode()
@@ -283,7 +283,7 @@ def medusa_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings) -> Ite
         start = clock.read()
         # Draft: the heads read the hidden state of the token *before* the root (the one whose
         # logits chose the root), so head k guesses the token k places after the root.
-        top_tokens, top_probs = _guesses(mm, hidden, round_tree, settings.detailed_trace)
+        top_tokens, top_probs = _guesses(mm, hidden, round_tree, root, settings.detailed_trace)
         root_tensor = torch.tensor([root], device=mm.device)
         node_tokens = torch.cat([root_tensor, top_tokens.flatten()[round_index]])
         drafted = clock.read()

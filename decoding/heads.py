@@ -7,6 +7,14 @@ at zero, so an untrained block is the identity) followed by a vocabulary-sized l
 starts as a copy of the base lm_head. At initialisation every head therefore predicts what the
 base model predicts for t+1 — a sensible starting point that training shifts k tokens further.
 
+*Reading the root* (optional, off in the published heads). When the heads guess, the base
+model has already chosen the root: the token right after the hidden state's position. The hidden
+state only implies that token; a small head cannot work out the base model's argmax over the
+whole vocabulary, so it is told: head k reads `h + P_k e(root)`, with `e` the base model's own
+(frozen) input embedding and `P_k` a learned hidden x hidden matrix that starts at zero (an
+untrained projection leaves the reference head unchanged). The first step of Hydra's sequential
+heads; it costs one embedding lookup per round.
+
 A *draft vocabulary* (optional) limits the heads' guesses to the few thousand tokens a model
 actually writes, ranked by how often it wrote them (FR-Spec, Zhao et al. 2025). Projecting a
 hidden state onto 8,192 rows instead of 49,152 makes drafting several times cheaper, and the
@@ -39,6 +47,8 @@ class HeadsConfig:
     shared_lm_head: bool = False
     # Guess only among these many tokens (their ids are the `draft_vocab` buffer); None: all.
     draft_vocab_size: int | None = None
+    # Each head also reads the root token (see `MedusaHeads`); off for every published checkpoint.
+    reads_root: bool = False
 
 
 class ResBlock(nn.Module):
@@ -83,6 +93,11 @@ class MedusaHeads(nn.Module):
         # The module layout `heads.{i}.{j}` mirrors the published checkpoints' `{i}.{j}` keys,
         # where j < num_layers are ResBlocks and j == num_layers is the vocab projection.
         self.heads = nn.ModuleList(self._make_head() for _ in range(config.num_heads))
+        if config.reads_root:
+            self.root_projections = nn.ModuleList(
+                nn.Linear(config.hidden_size, config.hidden_size, bias=False) for _ in range(config.num_heads))
+            for projection in self.root_projections:
+                nn.init.zeros_(projection.weight)
         self.draft_vocab: torch.Tensor | None
         if config.draft_vocab_size:
             self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size))
@@ -133,23 +148,33 @@ class MedusaHeads(nn.Module):
         if self.config.shared_lm_head and lm_head is None:
             raise ValueError("these heads reuse the base lm_head: pass it in")
 
-    def head_logits(self, index: int, hidden: torch.Tensor, lm_head: nn.Module | None = None) -> torch.Tensor:
+    def _head_input(self, index: int, hidden: torch.Tensor, root_embedding: torch.Tensor | None) -> torch.Tensor:
+        if not self.config.reads_root:
+            return hidden
+        if root_embedding is None:
+            raise ValueError("these heads read the root token: pass its embedding")
+        return hidden + self.root_projections[index](root_embedding)
+
+    def head_logits(self, index: int, hidden: torch.Tensor, lm_head: nn.Module | None = None,
+                    root_embedding: torch.Tensor | None = None) -> torch.Tensor:
         """Logits of head `index` (0-based) alone: training backpropagates one head at a time."""
         self._check_lm_head(lm_head)
-        out = self.heads[index](hidden)
+        out = self.heads[index](self._head_input(index, hidden, root_embedding))
         return lm_head(out) if self.config.shared_lm_head else out
 
     def forward(
-        self, hidden: torch.Tensor, lm_head: nn.Module | None = None, num_heads: int | None = None
+        self, hidden: torch.Tensor, lm_head: nn.Module | None = None, num_heads: int | None = None,
+        root_embedding: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits of the first `num_heads` heads (all by default): a tree of depth 2 needs two."""
         self._check_lm_head(lm_head)
-        heads = self.heads[: num_heads or self.num_heads]
+        outs = [head(self._head_input(i, hidden, root_embedding))
+                for i, head in enumerate(self.heads[: num_heads or self.num_heads])]
         if self.config.shared_lm_head:
             # One (K, H) x (H, V) product reads the vocabulary matrix once for all heads; on a
             # CPU that read, not the arithmetic, is most of a head's cost.
-            return lm_head(torch.stack([head(hidden) for head in heads]))
-        return torch.stack([head(hidden) for head in heads])
+            return lm_head(torch.stack(outs))
+        return torch.stack(outs)
 
     # ----- the project's own layout: safetensors + a small JSON config -----
     def save(self, directory: str | Path, extra: dict | None = None) -> None:

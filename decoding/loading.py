@@ -62,6 +62,8 @@ class MedusaModel:
     default_tree: str
     eos_token_ids: frozenset[int]
     prompt_template: str = "{prompt}"
+    # Chat models read a prompt wrapped in their tokenizer's chat template (see encode_prompt).
+    use_chat_template: bool = False
     _token_texts: dict[int, str] = field(default_factory=dict, repr=False)
 
     def __setattr__(self, name: str, value: object) -> None:
@@ -75,14 +77,18 @@ class MedusaModel:
 
     @cached_property
     def draft_lm_head(self) -> nn.Module:
-        """The vocabulary projection shared-lm_head heads draft through.
+        """The vocabulary projection shared-lm_head heads draft through: the lm_head's rows for
+        the heads' draft vocabulary (all of them when the heads have none).
 
         On a CPU it is a transposed copy of the lm_head, which multiplies a few rows faster
         (see TransposedLinear). On a GPU there is nothing to gain, and a 7B model's copy would
         cost hundreds of MB, so there it is the lm_head itself.
         """
         lm_head = self.model.get_output_embeddings()
-        if self.device.type == "cpu" and self.heads.config.shared_lm_head and isinstance(lm_head, nn.Linear):
+        if not self.heads.config.shared_lm_head:
+            return lm_head
+        lm_head = self.heads.draft_projection(lm_head)
+        if self.device.type == "cpu" and isinstance(lm_head, nn.Linear):
             return TransposedLinear(lm_head)
         return lm_head
 
@@ -456,6 +462,7 @@ def load_model(
         default_tree=default_tree,
         eos_token_ids=eos_ids,
         prompt_template=sources.prompt_template,
+        use_chat_template=sources.prompt_template == "{prompt}" and bool(getattr(tokenizer, "chat_template", None)),
     )
     if self_test:
         check_tree_attention(loaded)

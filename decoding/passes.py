@@ -65,17 +65,23 @@ def decode_one_token(mm: MedusaModel, token: int, cache: DynamicCache) -> torch.
 
 
 def draft(
-    mm: MedusaModel, hidden: torch.Tensor, tree: Tree, with_probs: bool = True
+    mm: MedusaModel, hidden: torch.Tensor, tree: Tree, root: int, with_probs: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The top-k guesses of the heads the tree reads, from one hidden state: (depth, k) each.
 
     Head k's guesses are for the token k+1 places after the position whose hidden state this is,
     i.e. k places after the root token the base model has just chosen. A tree of depth d reads
     heads 1..d only, and k is one more than the largest rank it reads: nothing else is computed. The
-    probabilities are only for showing; decoding needs the ranking alone.
+    probabilities are only for showing; decoding needs the ranking alone. Heads that read the
+    root get its embedding too (see heads.py).
     """
-    head_logits = mm.heads(hidden, lm_head=mm.draft_lm_head, num_heads=tree.max_depth).float()
-    top_logits, top_tokens = head_logits.topk(tree.top_k, dim=-1)
+    root_embedding = None
+    if mm.heads.config.reads_root:
+        root_embedding = mm.model.get_input_embeddings()(torch.tensor([root], device=mm.device))[0]
+    head_logits = mm.heads(hidden, lm_head=mm.draft_lm_head, num_heads=tree.max_depth,
+                           root_embedding=root_embedding).float()
+    top_logits, top_guesses = head_logits.topk(tree.top_k, dim=-1)
+    top_tokens = mm.heads.token_ids(top_guesses)
     if not with_probs:
         return top_tokens, None
     return top_tokens, torch.exp(top_logits - head_logits.logsumexp(dim=-1, keepdim=True))

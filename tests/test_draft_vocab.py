@@ -7,6 +7,7 @@ even a vocabulary that leaves out the very tokens the model writes.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -29,11 +30,12 @@ from tests.test_lossless import prompts, reference_greedy, trees
 NEW_TOKENS = 40
 
 
-def vocab_heads(mm, draft_vocab: torch.Tensor, seed: int) -> MedusaHeads:
-    """Shared-lm_head heads that guess among `draft_vocab` only, perturbed at random."""
+def vocab_heads(mm, draft_vocab: torch.Tensor, seed: int, reads_root: bool = False) -> MedusaHeads:
+    """Shared-lm_head heads that guess among `draft_vocab` only (and read the root token, if
+    asked), perturbed at random."""
     c = mm.heads.config
     heads = MedusaHeads(HeadsConfig(c.num_heads, 1, c.hidden_size, c.vocab_size, shared_lm_head=True,
-                                    draft_vocab_size=len(draft_vocab)))
+                                    draft_vocab_size=len(draft_vocab), reads_root=reads_root))
     heads.draft_vocab.copy_(draft_vocab)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -45,12 +47,12 @@ def vocab_heads(mm, draft_vocab: torch.Tensor, seed: int) -> MedusaHeads:
 @settings(max_examples=10, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(prompt=prompts, choices=trees(max_nodes=16), seed=st.integers(0, 2**16),
-       size=st.sampled_from([8, 64, 200]), arch=st.sampled_from(["llama", "qwen2"]))
-def test_truncated_vocab_drafting_is_lossless(tiny_models, prompt, choices, seed, size, arch):
+       size=st.sampled_from([8, 64, 200]), arch=st.sampled_from(["llama", "qwen2"]), reads_root=st.booleans())
+def test_truncated_vocab_drafting_is_lossless(tiny_models, prompt, choices, seed, size, arch, reads_root):
     mm = tiny_models[arch]
     vocab = torch.randperm(mm.heads.config.vocab_size, generator=torch.Generator().manual_seed(seed))[:size]
     original = mm.heads
-    mm.heads = vocab_heads(mm, vocab, seed)
+    mm.heads = vocab_heads(mm, vocab, seed, reads_root)
     try:
         if max(max(p) for p in choices) >= size:
             choices = [[min(r, size - 1) for r in p] for p in choices]
@@ -112,20 +114,23 @@ def _cyclic_answers(lm_head: torch.nn.Linear, cycle: list[int], count: int, leng
                    teacher_ids=top_ids.int(), teacher_logits=top_logits.half())
 
 
-def test_recorded_training_learns_what_comes_next():
-    lm_head = tiny_model("llama", vocab_size=64, seed=3, hidden=64, layers=1).get_output_embeddings()
+@pytest.mark.parametrize("reads_root", [False, True])
+def test_recorded_training_learns_what_comes_next(reads_root):
+    model = tiny_model("llama", vocab_size=64, seed=3, hidden=64, layers=1)
+    lm_head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
     cycle = torch.randperm(64, generator=torch.Generator().manual_seed(1))[:20].tolist()
     data = RecordedData.from_answers(_cyclic_answers(lm_head, cycle, count=60, length=16))
     config = RecordedTrainingSettings(num_heads=2, draft_vocab_size=32, epochs=40, batch_size=64, lr=3e-3,
-                                      hard_weight=0.5, bf16=False)
+                                      hard_weight=0.5, bf16=False, reads_root=reads_root)
     vocab = choose_draft_vocab(data.tokens, config.draft_vocab_size, lm_head.out_features)
     assert coverage(data.tokens, vocab) == 1.0  # 20 distinct tokens fit in 32
-    untrained = evaluate_recorded_heads(new_recorded_heads(lm_head, vocab, config), lm_head, data)
+    untrained = evaluate_recorded_heads(new_recorded_heads(lm_head, vocab, config), lm_head, embedding, data)
     heads = new_recorded_heads(lm_head, vocab, config)
-    run = fit_recorded_heads(heads, lm_head, data, config, progress=False)
-    trained = evaluate_recorded_heads(heads, lm_head, data)
+    run = fit_recorded_heads(heads, lm_head, embedding, data, config, progress=False)
+    trained = evaluate_recorded_heads(heads, lm_head, embedding, data)
     assert run.losses[-1] < 0.5 * run.losses[0]
     # Untrained heads repeat the state's own token, which is never the next one in the cycle.
+    # (Heads that read the root start the same: their root projections start at zero.)
     assert untrained.top1 == [0.0, 0.0]
     assert trained.top1[0] > 0.9 and trained.top1[1] > 0.9
     assert trained.joint_positions == 60 * (16 - 2)

@@ -83,6 +83,7 @@ class RecordedTrainingSettings:
     loss_decay: float = 0.8
     hard_weight: float = 0.5  # 0: pure KL to the base model; 1: pure cross-entropy on its choice
     bf16: bool = True  # autocast the vocabulary products (the CPUs this runs on do bf16 natively)
+    reads_root: bool = True  # heads also read the root token's embedding (see heads.py)
     seed: int = 0
 
 
@@ -96,12 +97,18 @@ class RecordedTrainingRun:
 
 
 class _Vocabulary:
-    """Maps token ids to draft-vocabulary indices (-1 outside it), and holds the frozen projection."""
+    """Maps token ids to draft-vocabulary indices (-1 outside it), and holds the frozen projection
+    and the base model's frozen input embedding (for heads that read the root token)."""
 
-    def __init__(self, heads: MedusaHeads, lm_head: nn.Linear) -> None:
+    def __init__(self, heads: MedusaHeads, lm_head: nn.Linear, embedding: nn.Embedding) -> None:
         self.projection = heads.draft_projection(lm_head)
+        self.embedding = embedding if heads.config.reads_root else None
         self.index = torch.full((heads.config.vocab_size,), -1, dtype=torch.long)
         self.index[heads.draft_vocab] = torch.arange(len(heads.draft_vocab))
+
+    def roots(self, data: RecordedData, rows: torch.Tensor) -> torch.Tensor | None:
+        """The embedding of the token each row's state chose: the root a head reads."""
+        return None if self.embedding is None else self.embedding(data.tokens[rows]).detach().float()
 
 
 def _head_loss(log_q: torch.Tensor, rows: torch.Tensor, data: RecordedData, vocab: _Vocabulary,
@@ -121,13 +128,15 @@ def _head_loss(log_q: torch.Tensor, rows: torch.Tensor, data: RecordedData, voca
 def _batch_loss(heads: MedusaHeads, data: RecordedData, rows: torch.Tensor, vocab: _Vocabulary,
                 settings: RecordedTrainingSettings) -> torch.Tensor:
     states = data.states[rows].float()
+    roots = vocab.roots(data, rows)
     total = states.new_zeros(())
     for k in range(1, heads.num_heads + 1):
         valid = data.remaining[rows] >= k
         if not valid.any():
             continue
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
-            logits = heads.head_logits(k - 1, states[valid], vocab.projection)
+            logits = heads.head_logits(k - 1, states[valid], vocab.projection,
+                                       None if roots is None else roots[valid])
         log_q = torch.log_softmax(logits.float(), dim=-1)
         total = total + settings.loss_decay ** (k - 1) * _head_loss(
             log_q, rows[valid] + k, data, vocab, settings.hard_weight)
@@ -138,17 +147,17 @@ def new_recorded_heads(lm_head: nn.Linear, draft_vocab: torch.Tensor, settings: 
                        ) -> MedusaHeads:
     config = HeadsConfig(num_heads=settings.num_heads, num_layers=settings.num_layers,
                          hidden_size=lm_head.in_features, vocab_size=lm_head.out_features,
-                         shared_lm_head=True, draft_vocab_size=len(draft_vocab))
+                         shared_lm_head=True, draft_vocab_size=len(draft_vocab), reads_root=settings.reads_root)
     heads = MedusaHeads(config)
     heads.draft_vocab.copy_(draft_vocab)
     return heads
 
 
-def fit_recorded_heads(heads: MedusaHeads, lm_head: nn.Linear, data: RecordedData,
+def fit_recorded_heads(heads: MedusaHeads, lm_head: nn.Linear, embedding: nn.Embedding, data: RecordedData,
                        settings: RecordedTrainingSettings, progress: bool = True) -> RecordedTrainingRun:
     """Train `heads` in place on the recorded answers; the base model is never run."""
     generator = torch.Generator().manual_seed(settings.seed)
-    vocab = _Vocabulary(heads, lm_head)
+    vocab = _Vocabulary(heads, lm_head, embedding)
     trainable = torch.nonzero(data.remaining >= 1).flatten()
     steps = max(1, math.ceil(settings.epochs * len(trainable) / settings.batch_size))
     optimizer = torch.optim.AdamW(heads.parameters(), lr=settings.lr, weight_decay=0.0)
@@ -195,14 +204,14 @@ class RecordedEvaluation:
 
 
 @torch.no_grad()
-def evaluate_recorded_heads(heads: MedusaHeads, lm_head: nn.Linear, data: RecordedData, top_k: int = 10,
-                            batch_size: int = 2048) -> RecordedEvaluation:
+def evaluate_recorded_heads(heads: MedusaHeads, lm_head: nn.Linear, embedding: nn.Embedding, data: RecordedData,
+                            top_k: int = 10, batch_size: int = 2048) -> RecordedEvaluation:
     """Per-rank accuracy of every head and the joint path counts, on held-out recorded answers.
 
     A joint position is one where every head has a target: there the row of ranks at which the
     heads found their true tokens says which paths of a tree would have been accepted.
     """
-    vocab = _Vocabulary(heads, lm_head)
+    vocab = _Vocabulary(heads, lm_head, embedding)
     heads.eval()
     k_max = heads.num_heads
     hits = torch.zeros((k_max, top_k), dtype=torch.long)
@@ -212,12 +221,14 @@ def evaluate_recorded_heads(heads: MedusaHeads, lm_head: nn.Linear, data: Record
     for start in range(0, len(data), batch_size):
         rows = torch.arange(start, min(start + batch_size, len(data)))
         states = data.states[rows].float()
+        roots = vocab.roots(data, rows)
         ranks = torch.full((len(rows), k_max), top_k, dtype=torch.long)
         for k in range(1, k_max + 1):
             valid = data.remaining[rows] >= k
             if not valid.any():
                 continue
-            guesses = heads.head_logits(k - 1, states[valid], vocab.projection).topk(top_k).indices
+            logits = heads.head_logits(k - 1, states[valid], vocab.projection, None if roots is None else roots[valid])
+            guesses = logits.topk(top_k).indices
             found = guesses == vocab.index[data.tokens[rows[valid] + k]][:, None]
             hits[k - 1] += found.sum(0)
             counts[k - 1] += int(valid.sum())

@@ -101,6 +101,8 @@ def add_recorded_arguments(parser: argparse.ArgumentParser) -> None:
                             "cross-entropy on the token it wrote")
     group.add_argument("--heldout-shards", type=int, default=2, help="with --recorded: shards kept out")
     group.add_argument("--positions-per-step", type=int, default=512, help="with --recorded: batch size")
+    group.add_argument("--reads-root", action=argparse.BooleanOptionalAction, default=True,
+                       help="with --recorded: each head also reads the root token's embedding")
 
 
 def _split(shards: list[Path], heldout_shards: int) -> tuple[RecordedData, RecordedData]:
@@ -129,20 +131,21 @@ def run_recorded(args: argparse.Namespace) -> int:
         raise DecodingError(f"{' '.join(map(str, args.recorded))} hold {len(shards)} finished shards; need more than "
                             f"--heldout-shards {args.heldout_shards}")
     _, model = _load_base(args.model, args.threads)
-    lm_head = model.get_output_embeddings()
+    lm_head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
     train, heldout = _split(shards, args.heldout_shards)
     settings = RecordedTrainingSettings(
         num_heads=args.num_heads, num_layers=args.num_layers, draft_vocab_size=args.draft_vocab_size,
         epochs=args.epochs, batch_size=args.positions_per_step, lr=args.lr, loss_decay=args.loss_decay,
-        hard_weight=args.hard_weight, bf16=args.bf16 is not False, seed=args.seed,
+        hard_weight=args.hard_weight, bf16=args.bf16 is not False, seed=args.seed, reads_root=args.reads_root,
     )
     draft_vocab = choose_draft_vocab(train.tokens, settings.draft_vocab_size, lm_head.out_features)
-    before = evaluate_recorded_heads(new_recorded_heads(lm_head, draft_vocab, settings), lm_head, heldout, args.top_k)
+    before = evaluate_recorded_heads(new_recorded_heads(lm_head, draft_vocab, settings), lm_head, embedding, heldout,
+                                     args.top_k)
     heads = new_recorded_heads(lm_head, draft_vocab, settings)
     print(f"{len(train):,} training and {len(heldout):,} held-out answer tokens; draft vocabulary "
           f"{len(draft_vocab)} covers {before.vocab_coverage:.1%} of held-out tokens")
-    run = fit_recorded_heads(heads, lm_head, train, settings)
-    after = evaluate_recorded_heads(heads, lm_head, heldout, args.top_k)
+    run = fit_recorded_heads(heads, lm_head, embedding, train, settings)
+    after = evaluate_recorded_heads(heads, lm_head, embedding, heldout, args.top_k)
     trees, expected, measured = _trees(after, sorted(set(args.tree_nodes)))
     budget = args.default_tree_nodes or max(args.tree_nodes)
     default = f"{args.default_tree_family}-{budget}"
