@@ -25,7 +25,7 @@ from gradio.components import Component
 
 from decoding.errors import DecodingError
 from decoding.generate import generate, stream
-from decoding.loading import MedusaModel
+from decoding.model import MedusaModel
 from decoding.settings import DecodeSettings
 from decoding.trace import RunTrace
 

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 
 from decoding.errors import DecodingError
-from decoding.loading import MedusaModel
+from decoding.model import MedusaModel
 from decoding.settings import DecodeSettings
 from decoding.tree import Tree
 

@@ -20,15 +20,9 @@ from pathlib import Path
 
 from decoding.errors import DecodingError
 from decoding.generate import generate
-from decoding.loading import (
-    EMBEDDED_MODELS_DIR,
-    OWN_HEADS_CONFIG,
-    MedusaModel,
-    available_models,
-    embedded_model_title,
-    embedded_models,
-    load_model,
-)
+from decoding.heads import CONFIG_NAME as OWN_HEADS_CONFIG
+from decoding.loading import EMBEDDED_MODELS_DIR, available_models, embedded_model_title, embedded_models, load_model
+from decoding.model import MedusaModel
 from decoding.registry import MODEL_REGISTRY
 from decoding.settings import DecodeSettings
 from decoding.tiny import make_tiny_model_dir

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from decoding.generate import generate
-from decoding.loading import MedusaModel
+from decoding.model import MedusaModel
 from decoding.settings import DecodeSettings
 from decoding.stats import Spread, Timing, speedup, spread
 from decoding.trace import RunTrace

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
-from decoding.loading import MedusaModel
+from decoding.model import MedusaModel
 from decoding.stats import Timing, round_cost, round_end_times, verify_cost
 from decoding.trace import RunTrace
 

@@ -15,7 +15,7 @@ from tqdm import tqdm
 from transformers import GenerationConfig
 
 from .generate import encode_prompt, generate, resolve_tree
-from .loading import MedusaModel
+from .model import MedusaModel
 from .settings import DecodeSettings
 
 

@@ -23,7 +23,7 @@ from transformers import PreTrainedTokenizerBase
 from .acceptance import Verdict, greedy_accept, sampling_distribution, speculative_accept, typical_accept
 from .errors import DecodingError
 from .kv_cache import compact_cache, new_cache
-from .loading import MedusaModel
+from .model import MedusaModel
 from .passes import decode_one_token, draft, prefill, verify_tree
 from .settings import DecodeSettings
 from .trace import RoundTrace, RunSettings, RunTrace

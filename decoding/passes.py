@@ -7,16 +7,13 @@ Everything here is one call of the model (or of the heads) and nothing else; the
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import CacheLayerMixin
 
+from .model import MedusaModel
 from .tree import Tree
-
-if TYPE_CHECKING:
-    from .loading import MedusaModel
 
 
 def run_model(

@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 
 from .errors import DecodingError
-from .loading import EMBEDDED_MODELS_DIR, OWN_HEADS_CONFIG
+from .heads import CONFIG_NAME as OWN_HEADS_CONFIG
+from .loading import EMBEDDED_MODELS_DIR
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "assets" / "prompts"
 

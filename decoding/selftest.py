@@ -11,17 +11,13 @@ such as Mamba are refused before, from their layer types: see `kv_cache.attentio
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from .errors import DecodingError
 from .kv_cache import compact_cache, new_cache
+from .model import MedusaModel
 from .passes import decode_one_token, run_model, tree_inputs
 from .tree import Tree
-
-if TYPE_CHECKING:
-    from .loading import MedusaModel
 
 SELF_TEST_TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
 

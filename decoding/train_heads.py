@@ -35,7 +35,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 from tqdm.auto import tqdm
 from transformers import (
     AutoModelForCausalLM,
@@ -46,6 +45,7 @@ from transformers import (
     get_cosine_schedule_with_warmup,
 )
 
+from .checkpoints import save_v01
 from .errors import DecodingError
 from .heads import HeadsConfig, MedusaHeads
 from .loading import resolve_device, resolve_dtype
@@ -68,8 +68,6 @@ STATE_FILE = "state.pt"
 DATA_FILE = "data.json"
 # In data.json: where each held-out sequence's self-distilled continuation starts (absent for text).
 HELDOUT_STARTS = "heldout_starts"
-V01_WEIGHTS = "medusa_lm_head.safetensors"
-V01_CONFIG = "config.json"
 # The v0.1 files go to a subfolder: their config.json would overwrite a model's own when the heads
 # are saved beside the model. The subfolder is self-describing, ready to upload as it is.
 V01_DIR = "v0.1"
@@ -645,32 +643,6 @@ def self_distill(
             bar.update(len(batch))
     bar.close()
     return out
-
-
-# ----- the published v0.1 layout ---------------------------------------------------------------
-
-
-def save_v01(heads: MedusaHeads, directory: str | Path, base_model: str) -> None:
-    """Write `medusa_lm_head.safetensors` + `config.json` as FasterDecoding's v0.1 repos have them.
-
-    Our module path `heads.{i}.{j}` is the published `{i}.{j}` with a prefix, so the keys are
-    `{i}.0.linear.weight`, `{i}.0.linear.bias`, `{i}.1.weight` for one ResBlock per head.
-    """
-    if heads.config.shared_lm_head:
-        raise DecodingError("v0.1 heads have their own vocab projection; these reuse the lm_head")
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    state = {
-        key.removeprefix("heads."): value.detach().contiguous().cpu()
-        for key, value in heads.state_dict().items()
-    }
-    save_file(state, str(directory / V01_WEIGHTS), metadata={"format": "pt"})
-    config = {
-        "medusa_num_heads": heads.config.num_heads,
-        "medusa_num_layers": heads.config.num_layers,
-        "base_model_name_or_path": base_model,
-    }
-    (directory / V01_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
 
 
 # ----- the command line ------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from decoding import DecodeSettings, Tree, generate
 from decoding.acceptance import speculative_accept, typical_accept
 from decoding.heads import HeadsConfig, MedusaHeads
-from decoding.loading import MedusaModel
+from decoding.model import MedusaModel
 
 VOCAB = 5
 TEMPERATURE, TOP_P = 0.9, 0.9

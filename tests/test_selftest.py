@@ -7,7 +7,7 @@ import torch
 from transformers import BloomConfig, BloomForCausalLM, MambaConfig, MambaForCausalLM
 
 from decoding import DecodingError, load_model
-from decoding.loading import MedusaModel
+from decoding.model import MedusaModel
 from decoding.selftest import check_tree_attention
 from decoding.tiny import tiny_tokenizer
 

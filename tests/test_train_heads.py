@@ -23,6 +23,7 @@ from transformers import (
 
 from decoding import DecodeSettings, generate, load_model
 from decoding import train_heads as th
+from decoding.checkpoints import save_v01
 from decoding.heads import MedusaHeads
 from decoding.tree import Tree
 
@@ -219,7 +220,7 @@ def test_saved_heads_reload_identically_and_v01_layout(model: LlamaForCausalLM, 
     for key, value in heads.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], value)
 
-    th.save_v01(heads, tmp_path / "v01", base_model="tiny")
+    save_v01(heads, tmp_path / "v01", base_model="tiny")
     state = load_file(str(tmp_path / "v01" / "medusa_lm_head.safetensors"))
     expected = {f"{i}.{name}" for i in range(3) for name in ("0.linear.weight", "0.linear.bias", "1.weight")}
     assert set(state) == expected

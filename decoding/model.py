@@ -1,0 +1,112 @@
+"""`MedusaModel`: a base model with its tokenizer and Medusa heads, ready to decode.
+
+A plain data type: it reads no files and fetches nothing (`loading.py` builds one). The passes,
+the round loops and the load-time self-test all take it, so it lives apart from the module that
+does file and hub I/O.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch
+from torch import nn
+from transformers import GenerationConfig, PreTrainedModel
+
+from .heads import MedusaHeads, TransposedLinear
+from .kv_cache import attention_layer_types
+
+
+@dataclass
+class MedusaModel:
+    """A base model with its heads, ready to decode. The app treats this as opaque."""
+
+    name: str
+    model: PreTrainedModel
+    tokenizer: object
+    heads: MedusaHeads | None  # None when loaded for plain decoding only
+    device: torch.device
+    dtype: torch.dtype
+    context_length: int
+    trees: dict[str, list[list[int]]]
+    default_tree: str
+    eos_token_ids: frozenset[int]
+    prompt_template: str = "{prompt}"
+    # Chat models read a prompt wrapped in their tokenizer's chat template (see encode_prompt).
+    use_chat_template: bool = False
+    _token_texts: dict[int, str] = field(default_factory=dict, repr=False)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        super().__setattr__(name, value)
+        if name == "heads":
+            self.__dict__.pop("draft_lm_head", None)  # it was chosen for the heads being replaced
+
+    @property
+    def num_heads(self) -> int:
+        return 0 if self.heads is None else self.heads.num_heads
+
+    @cached_property
+    def draft_lm_head(self) -> nn.Module:
+        """The vocabulary projection shared-lm_head heads draft through: the lm_head's rows for
+        the heads' draft vocabulary (all of them when the heads have none).
+
+        On a CPU it is a transposed copy of the lm_head, which multiplies a few rows faster
+        (see TransposedLinear). On a GPU there is nothing to gain, and a 7B model's copy would
+        cost hundreds of MB, so there it is the lm_head itself.
+        """
+        lm_head = self.model.get_output_embeddings()
+        if not self.heads.config.shared_lm_head:
+            return lm_head
+        lm_head = self.heads.draft_projection(lm_head)
+        if self.device.type == "cpu" and isinstance(lm_head, nn.Linear):
+            return TransposedLinear(lm_head)
+        return lm_head
+
+    @cached_property
+    def forward_parameters(self) -> frozenset[str]:
+        """The names the model's forward takes, read once: model code differs between families."""
+        return frozenset(inspect.signature(self.model.forward).parameters)
+
+    @property
+    def cache_argument(self) -> str:
+        """transformers 5 renamed `past_key_values` to `cache`; older model code has the old name."""
+        return "cache" if "cache" in self.forward_parameters else "past_key_values"
+
+    @cached_property
+    def layer_types(self) -> list[str]:
+        """Each layer's attention, "full_attention" or "sliding_attention": the tree mask differs."""
+        return attention_layer_types(self.model.config)
+
+    def token_text(self, token: int) -> str:
+        """The text of one token, memoised: tracing reads it for every node of every round."""
+        text = self._token_texts.get(token)
+        if text is None:
+            text = self.tokenizer.decode([token])
+            self._token_texts[token] = text
+        return text
+
+
+def stop_token_ids(generation_config: GenerationConfig) -> frozenset[int]:
+    """The tokens that end a generation: the config's `eos_token_id`, an int, a list or None.
+
+    The generation config's, not the tokenizer's: decoding stops where the model's own
+    `generate` would, and a model that declares no stop token is decoded to the length asked.
+    """
+    eos = generation_config.eos_token_id
+    if eos is None:
+        return frozenset()
+    return frozenset(eos if isinstance(eos, list) else [eos])
+
+
+def padding_id(tokenizer: object, stop_ids: frozenset[int]) -> int:
+    """The id to pad a batch with: the tokenizer's, else a stop token, else 0.
+
+    Padded positions are masked out (or come after a stop token), so any id would do; these are
+    the ones `generate` is least surprised by.
+    """
+    pad = getattr(tokenizer, "pad_token_id", None)
+    if pad is not None:
+        return pad
+    return min(stop_ids) if stop_ids else 0
