@@ -120,7 +120,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_corpus(args: argparse.Namespace) -> int:
-    from .corpus import write_corpus
+    from .training.corpus import write_corpus
 
     train, heldout = write_corpus(args.out, args.corpus)
     print(f"wrote {train} and {heldout}")
@@ -154,14 +154,14 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _train_base_arguments(p: argparse.ArgumentParser) -> None:
-    from . import train_base
+    from .training import train_base
 
     train_base.add_arguments(p)
     p.set_defaults(func=train_base.run)
 
 
 def _train_heads_arguments(p: argparse.ArgumentParser) -> None:
-    from . import train_heads
+    from .training import train_heads
 
     train_heads.add_arguments(p)
     p.set_defaults(func=train_heads.run)

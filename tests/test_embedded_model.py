@@ -12,7 +12,7 @@ import pytest
 from decoding import DecodeSettings, embedded_models, generate, load_model
 from decoding.loading import DEFAULT_MODEL, EMBEDDED_MODELS_DIR
 from decoding.prompts import bench_prompts, example_prompts
-from decoding.train_heads import measure_head_accuracy, self_distill
+from decoding.training.train_heads import measure_head_accuracy, self_distill
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,7 +9,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from decoding.errors import DecodingError
-from decoding.optimal_tree import (
+from decoding.training.trees import (
     count_paths,
     expected_tokens_per_pass,
     joint_optimal_choices,

@@ -11,8 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from decoding import train_base
-from decoding.corpus import (
+from decoding.errors import DecodingError
+from decoding.training import train_base
+from decoding.training.corpus import (
     DOC_SEPARATOR,
     STDLIB_HELDOUT_EVERY,
     book_to_documents,
@@ -21,7 +22,6 @@ from decoding.corpus import (
     split_documents,
     stdlib_modules,
 )
-from decoding.errors import DecodingError
 
 NAMES = ["Emma", "Harriet", "Mr. Knightley", "Elinor", "Marianne", "Anne"]
 VERBS = ["walked to", "spoke of", "thought of", "wrote to", "smiled at", "called on"]

@@ -22,9 +22,9 @@ from transformers import (
 )
 
 from decoding import DecodeSettings, generate, load_model
-from decoding import train_heads as th
 from decoding.checkpoints import save_v01
 from decoding.heads import MedusaHeads
+from decoding.training import train_heads as th
 from decoding.tree import Tree
 
 EOS = "<|endoftext|>"

@@ -35,8 +35,8 @@ from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
 from ..heads import HeadsConfig, MedusaHeads
-from ..optimal_tree import count_paths
 from .distill import Answers
+from .trees import count_paths
 
 
 @dataclass

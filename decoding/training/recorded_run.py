@@ -23,7 +23,6 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from ..errors import DecodingError
-from ..optimal_tree import expected_tokens_per_pass, joint_optimal_choices, measured_tokens_per_pass, optimal_choices
 from .distill import concat_answers, distill_to_shards, drop_prompts, load_shard, read_shards
 from .instructions import build_instructions
 from .recorded import (
@@ -35,6 +34,7 @@ from .recorded import (
     fit_recorded_heads,
     new_recorded_heads,
 )
+from .trees import expected_tokens_per_pass, joint_optimal_choices, measured_tokens_per_pass, optimal_choices
 
 DEFAULT_TREE_NODES = [2, 4, 6, 8, 12, 16]
 

@@ -45,20 +45,20 @@ from transformers import (
     get_cosine_schedule_with_warmup,
 )
 
-from .checkpoints import save_v01
-from .errors import DecodingError
-from .heads import HeadsConfig, MedusaHeads
-from .loading import resolve_device, resolve_dtype
-from .optimal_tree import (
+from ..checkpoints import save_v01
+from ..errors import DecodingError
+from ..heads import HeadsConfig, MedusaHeads
+from ..loading import resolve_device, resolve_dtype
+from ..prompts import read_prompts
+from . import recorded_run
+from .train_base import SAVE_DTYPES, save_model_as
+from .trees import (
     count_paths,
     expected_tokens_per_pass,
     joint_optimal_choices,
     measured_tokens_per_pass,
     optimal_choices,
 )
-from .prompts import read_prompts
-from .train_base import SAVE_DTYPES, save_model_as
-from .training import recorded_run
 
 IGNORE_INDEX = -100  # F.cross_entropy skips targets with this value
 # Not "checkpoint": heads may be trained into a base model's run folder, where train-base keeps its own.
@@ -253,7 +253,7 @@ class HeadsEvaluation:
     accuracy: list[list[float]]  # accuracy[h][r]: share of positions where head h+1's rank r is right
     positions: list[int]  # how many positions each head was scored on
     # Paths of ranks exactly right, counted at the positions where every head has a target
-    # (see optimal_tree.count_paths): what the joint trees are grown from.
+    # (see trees.count_paths): what the joint trees are grown from.
     path_counts: Counter[tuple[int, ...]] = field(default_factory=Counter)
     joint_positions: int = 0
 

@@ -40,8 +40,8 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from decoding.corpus import DOC_SEPARATOR, build_corpus
-from decoding.errors import DecodingError
+from ..errors import DecodingError
+from .corpus import DOC_SEPARATOR, build_corpus
 
 CHECKPOINT_DIR = "checkpoint"
 BEST_DIR = "best"

@@ -1,7 +1,7 @@
 """The Medusa paper's "optimal" tree: grow it greedily from measured head accuracies.
 
 `acc[h][r]` is how often head h+1's rank-r guess was the right token (measured on held-out text,
-see `decoding.train_heads.measure_head_accuracy`). Treating the heads as independent, the node for
+see `decoding.training.train_heads.measure_head_accuracy`). Treating the heads as independent, the node for
 the path `[r1, r2, ..., rd]` is accepted with probability
 
     acc[0][r1] * acc[1][r2] * ... * acc[d-1][rd]
@@ -31,7 +31,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from .errors import DecodingError
+from ..errors import DecodingError
 
 Path = tuple[int, ...]
 

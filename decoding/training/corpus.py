@@ -30,7 +30,7 @@ import sysconfig
 import zlib
 from pathlib import Path
 
-from decoding.errors import DecodingError
+from ..errors import DecodingError
 
 DOC_SEPARATOR = "<|endoftext|>"
 JANEAUSTENR_DATA = Path("/usr/lib/R/site-library/janeaustenr/data")
