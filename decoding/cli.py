@@ -119,14 +119,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_corpus(args: argparse.Namespace) -> int:
-    from .training.corpus import write_corpus
-
-    train, heldout = write_corpus(args.out, args.corpus)
-    print(f"wrote {train} and {heldout}")
-    return 0
-
-
 def cmd_fetch(args: argparse.Namespace) -> int:
     from .fetch import fetch
 
@@ -153,18 +145,19 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_bench)
 
 
+# The training commands' flags live with the training code (decoding/training/cli.py).
 def _train_base_arguments(p: argparse.ArgumentParser) -> None:
-    from .training import train_base
+    from .training import cli
 
-    train_base.add_arguments(p)
-    p.set_defaults(func=train_base.run)
+    cli.add_train_base_arguments(p)
+    p.set_defaults(func=cli.run_train_base)
 
 
 def _train_heads_arguments(p: argparse.ArgumentParser) -> None:
-    from .training import train_heads
+    from .training import cli
 
-    train_heads.add_arguments(p)
-    p.set_defaults(func=train_heads.run)
+    cli.add_train_heads_arguments(p)
+    p.set_defaults(func=cli.run_train_heads)
 
 
 def _self_distill_arguments(p: argparse.ArgumentParser) -> None:
@@ -175,11 +168,10 @@ def _self_distill_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _corpus_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--corpus", default="austen",
-                   help="'austen' (Debian r-cran-janeaustenr), 'stdlib' (this Python's standard library) "
-                        "or a .txt file / folder of them")
-    p.add_argument("--out", type=Path, required=True, help="folder for train.txt and heldout.txt")
-    p.set_defaults(func=cmd_corpus)
+    from .training import cli
+
+    cli.add_corpus_arguments(p)
+    p.set_defaults(func=cli.run_corpus)
 
 
 def _fetch_arguments(p: argparse.ArgumentParser) -> None:

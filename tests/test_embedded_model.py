@@ -12,7 +12,8 @@ import pytest
 from decoding import DecodeSettings, embedded_models, generate, load_model
 from decoding.loading import DEFAULT_MODEL, EMBEDDED_MODELS_DIR
 from decoding.prompts import bench_prompts, example_prompts
-from decoding.training.train_heads import measure_head_accuracy, self_distill
+from decoding.training.data import DataSettings, self_distill
+from decoding.training.evaluate import evaluate_heads
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,9 +56,9 @@ def test_model_data_fits_the_size_budget():
 def test_heads_beat_chance_by_a_wide_margin(embedded):
     """On the model's own continuations of prompts it never trained on (chance is 1/vocabulary)."""
     prompts = bench_prompts(embedded.name)[:6]
-    sequences = self_distill(embedded.model, embedded.tokenizer, prompts, max_new_tokens=48,
-                             greedy_and_sampled=False, progress=False).sequences
-    accuracy = measure_head_accuracy(embedded.model, embedded.heads, sequences, top_k=5)
+    greedy = DataSettings(max_new_tokens=48, sampled=False, gen_batch_size=16)
+    sequences = self_distill(embedded.model, embedded.tokenizer, prompts, greedy, progress=False).sequences
+    accuracy = evaluate_heads(embedded.model, embedded.heads, sequences, top_k=5).accuracy
     top1 = [row[0] for row in accuracy]
     top5 = [sum(row) for row in accuracy]
     assert top1[0] > 0.25 and top5[0] > 0.5

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from decoding.errors import DecodingError
+from decoding.training import cli as training_cli
 from decoding.training import train_base
 from decoding.training.corpus import (
     DOC_SEPARATOR,
@@ -74,7 +75,7 @@ def tiny_args(tmp_path: Path, *extra: str) -> argparse.Namespace:
     if not corpus.exists():
         corpus.write_text(fake_book(chapters=12, paragraphs=10), encoding="utf-8")
     parser = argparse.ArgumentParser()
-    train_base.add_arguments(parser)
+    training_cli.add_train_base_arguments(parser)
     return parser.parse_args([
         "--corpus", str(corpus), "--out", str(tmp_path / "model"),
         "--vocab-size", "300", "--hidden-size", "32", "--layers", "2", "--heads", "2",
@@ -107,7 +108,7 @@ def test_the_running_pythons_stdlib_is_a_corpus() -> None:
 
 
 def test_train_save_reload_generate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert train_base.run(tiny_args(tmp_path, "--max-steps", "40", "--save-every", "20")) == 0
+    assert training_cli.run_train_base(tiny_args(tmp_path, "--max-steps", "40", "--save-every", "20")) == 0
     out = tmp_path / "model"
     log = json.loads((out / "training_log.json").read_text())
     assert log["steps"] == 40 and log["tokens_seen"] == 40 * 8 * 32
@@ -135,25 +136,25 @@ def test_train_save_reload_generate(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def test_resume_continues_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     straight = tmp_path / "straight"
     straight.mkdir()
-    assert train_base.run(tiny_args(straight, "--max-steps", "20", "--save-every", "10")) == 0
+    assert training_cli.run_train_base(tiny_args(straight, "--max-steps", "20", "--save-every", "10")) == 0
 
     # Simulate a kill right after the step-10 checkpoint, then resume with the same flags.
     interrupted = tmp_path / "interrupted"
     interrupted.mkdir()
-    real_save = train_base.save_checkpoint
+    real_save = train_base.save_state
 
     def save_then_die(path: Path, state: dict) -> None:
         real_save(path, state)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(train_base, "save_checkpoint", save_then_die)
+    monkeypatch.setattr(train_base, "save_state", save_then_die)
     with pytest.raises(KeyboardInterrupt):
-        train_base.run(tiny_args(interrupted, "--max-steps", "20", "--save-every", "10"))
-    monkeypatch.setattr(train_base, "save_checkpoint", real_save)
+        training_cli.run_train_base(tiny_args(interrupted, "--max-steps", "20", "--save-every", "10"))
+    monkeypatch.setattr(train_base, "save_state", real_save)
     state = torch.load(interrupted / "model" / "checkpoint" / "state.pt", weights_only=True)
     assert state["step"] == 10
 
-    assert train_base.run(
+    assert training_cli.run_train_base(
         tiny_args(interrupted, "--max-steps", "20", "--save-every", "10", "--resume")) == 0
     log = json.loads((interrupted / "model" / "training_log.json").read_text())
     assert log["steps"] == 20 and log["resumed_from_steps"] == [10]
@@ -168,14 +169,14 @@ def test_resume_continues_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 def test_user_errors_are_reported(tmp_path: Path) -> None:
     with pytest.raises(DecodingError, match="no checkpoint"):
-        train_base.run(tiny_args(tmp_path, "--max-steps", "5", "--resume"))
+        training_cli.run_train_base(tiny_args(tmp_path, "--max-steps", "5", "--resume"))
     with pytest.raises(DecodingError, match="--corpus"):
         build_corpus(str(tmp_path / "missing.txt"))
 
 
 def test_best_heldout_weights_are_kept_and_bf16_saving_leaves_training_in_fp32(tmp_path: Path) -> None:
     args = tiny_args(tmp_path, "--max-steps", "30", "--eval-every", "5", "--save-dtype", "bfloat16")
-    assert train_base.run(args) == 0
+    assert training_cli.run_train_base(args) == 0
     out = tmp_path / "model"
     log = json.loads((out / "training_log.json").read_text())
     best = min(log["heldout_curve"], key=lambda point: point["loss"])

@@ -24,7 +24,13 @@ from transformers import (
 from decoding import DecodeSettings, generate, load_model
 from decoding.checkpoints import save_v01
 from decoding.heads import MedusaHeads
+from decoding.training import cli as training_cli
+from decoding.training import fit
 from decoding.training import train_heads as th
+from decoding.training.batches import IGNORE_INDEX, check_lm_head_reads, head_targets, pad_batch
+from decoding.training.data import DataSettings, self_distill
+from decoding.training.evaluate import evaluate_heads
+from decoding.training.fit import FitSettings, fit_heads, new_heads
 from decoding.tree import Tree
 
 EOS = "<|endoftext|>"
@@ -90,7 +96,8 @@ def model(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
 @pytest.fixture(scope="module")
 def sequences(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast) -> list[list[int]]:
     prompts = [" ".join(s.split()[:4]) for s in SENTENCES] + [s.split()[-1] for s in SENTENCES]
-    return th.self_distill(model, tokenizer, prompts, max_new_tokens=32, batch_size=16, progress=False).sequences
+    return self_distill(model, tokenizer, prompts, DataSettings(max_new_tokens=32, gen_batch_size=16),
+                        progress=False).sequences
 
 
 def test_lm_head_reads_the_last_hidden_state_on_common_architectures() -> None:
@@ -102,18 +109,18 @@ def test_lm_head_reads_the_last_hidden_state_on_common_architectures() -> None:
         GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4)),
     ):
         ids = torch.randint(0, 64, (2, 9))
-        th.check_lm_head_reads(model.eval(), ids, torch.ones_like(ids))
+        check_lm_head_reads(model.eval(), ids, torch.ones_like(ids))
 
 
 def test_head_targets_look_k_plus_one_ahead() -> None:
-    ids, mask = th.pad_batch([[10, 11, 12, 13, 14], [20, 21, 22]], pad_id=0)
-    ignore = th.IGNORE_INDEX
+    ids, mask = pad_batch([[10, 11, 12, 13, 14], [20, 21, 22]], pad_id=0)
+    ignore = IGNORE_INDEX
     # head 1 at position t predicts token t+2
-    assert th.head_targets(ids, mask, 1).tolist() == [
+    assert head_targets(ids, mask, 1).tolist() == [
         [12, 13, 14, ignore, ignore],
         [22, ignore, ignore, ignore, ignore],
     ]
-    assert th.head_targets(ids, mask, 3).tolist() == [[14] + [ignore] * 4, [ignore] * 5]
+    assert head_targets(ids, mask, 3).tolist() == [[14] + [ignore] * 4, [ignore] * 5]
 
 
 def test_greedy_self_distillation_follows_the_plain_argmax(
@@ -124,7 +131,8 @@ def test_greedy_self_distillation_follows_the_plain_argmax(
     model.generation_config.repetition_penalty = 3.0
     try:
         prompts = ["It is a truth", "Emma Woodhouse", "The"]
-        greedy = th.self_distill(model, tokenizer, prompts, 12, greedy_and_sampled=False, progress=False)
+        greedy = self_distill(model, tokenizer, prompts, DataSettings(max_new_tokens=12, sampled=False),
+                              progress=False)
     finally:
         model.generation_config.repetition_penalty = None
     for prompt, seq, start in zip(prompts, greedy.sequences, greedy.starts, strict=True):
@@ -137,9 +145,9 @@ def test_greedy_self_distillation_follows_the_plain_argmax(
 def test_training_lowers_the_loss_and_raises_accuracy(
     model: LlamaForCausalLM, sequences: list[list[int]]
 ) -> None:
-    untrained = th.measure_head_accuracy(model, th.new_heads(model, num_heads=3), sequences, top_k=5)
-    run = th.fit_heads(model, sequences, num_heads=3, steps=40, batch_size=8, lr=1e-2, progress=False)
-    trained = th.measure_head_accuracy(model, run.heads, sequences, top_k=5)
+    untrained = evaluate_heads(model, new_heads(model, num_heads=3), sequences, top_k=5).accuracy
+    run = fit_heads(model, sequences, FitSettings(num_heads=3, steps=40, batch_size=8, lr=1e-2), progress=False)
+    trained = evaluate_heads(model, run.heads, sequences, top_k=5).accuracy
 
     assert sum(run.losses[-5:]) < 0.8 * sum(run.losses[:5])
     assert len(trained) == 3 and all(len(row) == 5 for row in trained)
@@ -153,27 +161,27 @@ def test_joint_paths_are_counted_where_decoding_meets_them(
     model: LlamaForCausalLM, sequences: list[list[int]]
 ) -> None:
     """Joint counts use positions t where every head has a target and t >= start - 1."""
-    heads = th.new_heads(model, num_heads=2)
+    heads = new_heads(model, num_heads=2)
     sequences = sequences[:10]
-    everywhere = th.evaluate_heads(model, heads, sequences, top_k=5, batch_size=4)
+    everywhere = evaluate_heads(model, heads, sequences, top_k=5, batch_size=4)
     # Every head has a target at t <= len - 2 - K (K = 2): len - 3 positions per sequence.
     assert everywhere.joint_positions == sum(len(s) - 3 for s in sequences)
     assert sum(everywhere.path_counts[(r,)] for r in range(5)) <= everywhere.joint_positions
     starts = [len(s) // 2 for s in sequences]
-    late = th.evaluate_heads(model, heads, sequences, top_k=5, batch_size=4, starts=starts)
+    late = evaluate_heads(model, heads, sequences, top_k=5, batch_size=4, starts=starts)
     assert late.joint_positions == sum(len(s) - 2 - 2 - (start - 1) + 1 for s, start in zip(sequences, starts))
     assert late.accuracy == everywhere.accuracy  # per-head accuracies still use every position
-    assert th.evaluate_heads(model, heads, sequences, top_k=5, starts=[len(s) for s in sequences]).joint_positions == 0
+    assert evaluate_heads(model, heads, sequences, top_k=5, starts=[len(s) for s in sequences]).joint_positions == 0
 
 
 def test_shared_lm_head_heads_train_and_stay_small(
     model: LlamaForCausalLM, sequences: list[list[int]]
 ) -> None:
     """The "version 2" heads: only ResBlocks are trained; the frozen base lm_head projects."""
-    untrained = th.measure_head_accuracy(model, th.new_heads(model, 2, shared_lm_head=True), sequences)
-    run = th.fit_heads(model, sequences, num_heads=2, num_layers=2, shared_lm_head=True, steps=40,
-                       batch_size=8, lr=1e-2, progress=False)
-    trained = th.measure_head_accuracy(model, run.heads, sequences)
+    untrained = evaluate_heads(model, new_heads(model, 2, shared_lm_head=True), sequences).accuracy
+    settings = FitSettings(num_heads=2, num_layers=2, shared_lm_head=True, steps=40, batch_size=8, lr=1e-2)
+    run = fit_heads(model, sequences, settings, progress=False)
+    trained = evaluate_heads(model, run.heads, sequences).accuracy
     assert sum(run.losses[-5:]) < 0.9 * sum(run.losses[:5])
     assert all(after[0] > before[0] for before, after in zip(untrained, trained))
     hidden = model.config.hidden_size
@@ -184,33 +192,33 @@ def test_shared_lm_head_heads_train_and_stay_small(
 def test_resume_continues_exactly(
     model: LlamaForCausalLM, sequences: list[list[int]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    options = dict(num_heads=2, steps=12, batch_size=8, lr=3e-3, seed=3, save_every=5, progress=False)
-    straight = th.fit_heads(model, sequences, **options).heads
+    settings = FitSettings(num_heads=2, steps=12, batch_size=8, lr=3e-3, seed=3, save_every=5)
+    straight = fit_heads(model, sequences, settings, progress=False).heads
 
-    save_state = th._save_state
+    save_state = fit.save_state
 
     def killed_after_saving(path: Path, state: dict) -> None:  # the process dies at step 5
         save_state(path, state)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(th, "_save_state", killed_after_saving)
+    monkeypatch.setattr(fit, "save_state", killed_after_saving)
     with pytest.raises(KeyboardInterrupt):
-        th.fit_heads(model, sequences, checkpoint=tmp_path / "state.pt", **options)
-    monkeypatch.setattr(th, "_save_state", save_state)
-    resumed = th.fit_heads(model, sequences, checkpoint=tmp_path / "state.pt", resume=True, **options)
+        fit_heads(model, sequences, settings, checkpoint=tmp_path / "state.pt", progress=False)
+    monkeypatch.setattr(fit, "save_state", save_state)
+    resumed = fit_heads(model, sequences, settings, checkpoint=tmp_path / "state.pt", resume=True, progress=False)
 
     assert resumed.steps == 12 and len(resumed.losses) == 12
     for key, value in straight.state_dict().items():
         torch.testing.assert_close(resumed.heads.state_dict()[key], value)
 
     # A run killed before its first save has nothing to resume from: it starts afresh.
-    afresh = th.fit_heads(model, sequences, checkpoint=tmp_path / "none.pt", resume=True, **options)
+    afresh = fit_heads(model, sequences, settings, checkpoint=tmp_path / "none.pt", resume=True, progress=False)
     for key, value in straight.state_dict().items():
         torch.testing.assert_close(afresh.heads.state_dict()[key], value)
 
 
 def test_saved_heads_reload_identically_and_v01_layout(model: LlamaForCausalLM, tmp_path: Path) -> None:
-    heads = th.new_heads(model, num_heads=3)
+    heads = new_heads(model, num_heads=3)
     with torch.no_grad():
         for p in heads.parameters():
             p.normal_()  # non-trivial values, so a mix-up of keys would show
@@ -231,7 +239,7 @@ def test_saved_heads_reload_identically_and_v01_layout(model: LlamaForCausalLM, 
 
 def cli_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
-    th.add_arguments(parser)
+    training_cli.add_train_heads_arguments(parser)
     return parser
 
 
@@ -251,7 +259,7 @@ def cli_run(
         "--num-heads", "3", "--steps", "30", "--lr", "1e-2", "--batch-size", "8",
         "--heldout-fraction", "0.2", "--tree-nodes", "4", "8", "--also-v01",
     ]
-    assert th.run(cli_parser().parse_args(argv)) == 0
+    assert training_cli.run_train_heads(cli_parser().parse_args(argv)) == 0
     return model_dir, out, argv
 
 
@@ -285,7 +293,7 @@ def test_cli_resume_reuses_data_and_checkpoint(cli_run: tuple[Path, Path, list[s
     _, out, argv = cli_run
     heads, _ = MedusaHeads.load(out)
     # The finished checkpoint is at its last step: nothing left to train, same heads saved again.
-    assert th.run(cli_parser().parse_args([*argv, "--resume"])) == 0
+    assert training_cli.run_train_heads(cli_parser().parse_args([*argv, "--resume"])) == 0
     resumed, _ = MedusaHeads.load(out)
     for key, value in heads.state_dict().items():
         assert torch.equal(resumed.state_dict()[key], value)
@@ -315,7 +323,7 @@ def test_zero_steps_measures_existing_heads_and_rebuilds_their_trees(
     shutil.copy(trained / th.CHECKPOINT_DIR / th.DATA_FILE, out / th.CHECKPOINT_DIR / th.DATA_FILE)
     argv = [*argv, "--out", str(out), "--resume", "--init-heads", str(trained), "--steps", "0",
             "--tree-nodes", "4", "8", "12", "--default-tree-nodes", "12", "--default-tree-family", "joint"]
-    assert th.run(cli_parser().parse_args(argv)) == 0
+    assert training_cli.run_train_heads(cli_parser().parse_args(argv)) == 0
     measured, new_meta = MedusaHeads.load(out)
     for key, value in heads.state_dict().items():
         assert torch.equal(measured.state_dict()[key], value)
@@ -331,13 +339,13 @@ def test_zero_steps_needs_heads_to_measure(
     cli_run: tuple[Path, Path, list[str]], capsys: pytest.CaptureFixture[str]
 ) -> None:
     _, _, argv = cli_run
-    assert th.run(cli_parser().parse_args([*argv, "--steps", "0"])) == 2
+    assert training_cli.run_train_heads(cli_parser().parse_args([*argv, "--steps", "0"])) == 2
     assert "--init-heads" in capsys.readouterr().err
 
 
 def test_cli_refuses_bad_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = cli_parser().parse_args(["--model", "x", "--out", str(tmp_path)])
-    assert th.run(args) == 2
+    assert training_cli.run_train_heads(args) == 2
     assert "--data" in capsys.readouterr().err
 
 
@@ -347,7 +355,7 @@ def test_v01_output_of_shared_lm_head_heads_is_refused_before_training(
     (tmp_path / "text.txt").write_text("some text")
     args = cli_parser().parse_args(["--model", "x", "--out", str(tmp_path / "out"),
                                     "--data", str(tmp_path / "text.txt"), "--shared-lm-head", "--also-v01"])
-    assert th.run(args) == 2  # before the model "x" is even looked for
+    assert training_cli.run_train_heads(args) == 2  # before the model "x" is even looked for
     assert "--also-v01" in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
@@ -362,7 +370,7 @@ def test_medusa2_tunes_the_base_with_the_heads_and_decodes_losslessly(
     joint = list(argv)  # --also-v01 included: its config must name the tuned base
     joint[joint.index("--out") + 1] = str(out)
     joint += ["--resume", "--init-heads", str(medusa1), "--joint-lr", "1e-3", "--save-dtype", "bfloat16"]
-    assert th.run(cli_parser().parse_args(joint)) == 0
+    assert training_cli.run_train_heads(cli_parser().parse_args(joint)) == 0
 
     heads, meta = MedusaHeads.load(out)
     tuned = out / th.TUNED_BASE_DIR

@@ -33,6 +33,8 @@ from pathlib import Path
 from ..errors import DecodingError
 
 DOC_SEPARATOR = "<|endoftext|>"
+CORPUS_HELP = ("'austen' (Debian r-cran-janeaustenr), 'stdlib' (this Python's standard library) "
+               "or a .txt file / folder of them")
 JANEAUSTENR_DATA = Path("/usr/lib/R/site-library/janeaustenr/data")
 AUSTEN_BOOKS = (
     "sensesensibility",

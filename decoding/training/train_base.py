@@ -18,111 +18,73 @@ Training is built for a shared 2-core CPU with a wall-clock budget:
 
 from __future__ import annotations
 
-import argparse
-import copy
 import json
 import math
-import os
-import shlex
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from tqdm.auto import tqdm
-from transformers import (
-    GenerationConfig,
-    LlamaConfig,
-    LlamaForCausalLM,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-    PreTrainedTokenizerFast,
-)
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from ..errors import DecodingError
+from .checkpoint import load_state, save_model_as, save_state
 from .corpus import DOC_SEPARATOR, build_corpus
 
 CHECKPOINT_DIR = "checkpoint"
-BEST_DIR = "best"
-SAVE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 CHECKPOINT_FILE = "state.pt"
+BEST_DIR = "best"
 LOG_FILE = "training_log.json"
 CURVE_FILE = "loss_curve.png"
 MAX_POSITIONS = 1024
-# Namespace entries a subcommand dispatcher may add that are not train-base flags.
-_NOT_FLAGS = ("func", "command")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Register train-base's flags; defaults are the settings of the shipped model."""
-    parser.add_argument("--corpus", default="austen",
-                        help="'austen' (Debian r-cran-janeaustenr), 'stdlib' (this Python's standard library) "
-                             "or a .txt file / folder of them")
-    parser.add_argument("--out", type=Path, default=Path("runs/train_base/austen"),
-                        help="output folder: final model, tokenizer, log, checkpoint/")
-    parser.add_argument("--vocab-size", type=int, default=8192)
-    parser.add_argument("--hidden-size", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=6)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--intermediate-size", type=int, default=704)
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
-    parser.add_argument("--min-lr-ratio", type=float, default=0.1,
-                        help="final LR as a fraction of the peak")
-    parser.add_argument("--warmup-steps", type=int, default=200)
-    parser.add_argument("--weight-decay", type=float, default=0.1)
-    parser.add_argument("--max-steps", type=int, default=None)
-    parser.add_argument("--max-tokens", type=int, default=None,
-                        help="alternative to --max-steps (converted to steps)")
-    parser.add_argument("--max-minutes", type=float, default=77.0,
-                        help="wall-clock budget for training, 0 for none (cumulative over resumes); "
-                             "the LR schedule follows it, so the result depends on CPU speed")
-    parser.add_argument("--eval-every", type=int, default=100, help="steps between held-out evals")
-    parser.add_argument("--eval-batches", type=int, default=8,
-                        help="held-out batches per eval (fixed windows, same every time)")
-    parser.add_argument("--log-every", type=int, default=10, help="steps per train-loss log point")
-    parser.add_argument("--save-every", type=int, default=200, help="steps between checkpoints")
-    parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads; 1 is faster than 2 on a CPU shared with other jobs, "
-                             "where two threads stall each other at every barrier")
-    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
-                        help="bf16 autocast on CPU")
-    parser.add_argument("--save-dtype", choices=["float32", "bfloat16"], default="float32",
-                        help="dtype of the saved weights; bfloat16 halves the files, and the engine "
-                             "loads them as float32 on a CPU either way")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue from OUT/checkpoint (same flags as the original run)")
+@dataclass
+class BaseTrainingSettings:
+    """train-base's settings; the defaults are those of the shipped `austen` model."""
 
+    corpus: str = "austen"  # 'austen', 'stdlib', or a .txt file / folder of them (see corpus.py)
+    out: Path = Path("runs/train_base/austen")  # final model, tokenizer, log, checkpoint/
+    vocab_size: int = 8192
+    hidden_size: int = 256
+    layers: int = 6
+    heads: int = 8
+    intermediate_size: int = 704
+    seq_len: int = 256
+    batch_size: int = 16
+    lr: float = 2e-3  # peak learning rate
+    min_lr_ratio: float = 0.1  # final learning rate as a fraction of the peak
+    warmup_steps: int = 200
+    weight_decay: float = 0.1
+    max_steps: int | None = None
+    max_tokens: int | None = None  # an alternative to max_steps (converted to steps)
+    # Wall-clock budget, cumulative over resumes; 0 for none. The LR schedule follows it.
+    max_minutes: float = 77.0
+    eval_every: int = 100  # steps between held-out evaluations
+    eval_batches: int = 8  # held-out batches per evaluation (fixed windows, the same every time)
+    log_every: int = 10  # steps per train-loss log point
+    save_every: int = 200  # steps between checkpoints
+    seed: int = 1234
+    # torch CPU threads: 1 is faster than 2 on a CPU shared with other jobs, where two threads
+    # stall each other at every barrier.
+    threads: int = 1
+    bf16: bool = True  # bf16 autocast on the CPU
+    save_dtype: str = "float32"  # of the saved weights; bfloat16 halves the files
+    resume: bool = False
 
-def save_model_as(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: Path,
-                  dtype: str) -> None:
-    """Save model and tokenizer with the weights in `dtype` ("float32" or "bfloat16").
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.seq_len
 
-    A converted copy: the model itself keeps its dtype, so training can go on in float32.
-    Copying the module (not just its tensors) keeps tied embeddings tied: they are saved once.
-    """
-    copy.deepcopy(model).to(SAVE_DTYPES[dtype]).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-
-
-def command_line(args: argparse.Namespace) -> str:
-    """The full, reproducible CLI for these arguments (every flag spelled out)."""
-    parts = ["python", "-m", "decoding", "train-base"]
-    for key, value in sorted(vars(args).items()):
-        flag = "--" + key.replace("_", "-")
-        if key in _NOT_FLAGS or value is None:
-            continue
-        if isinstance(value, bool):
-            if key == "bf16":
-                parts.append(flag if value else "--no-bf16")
-            elif value:
-                parts.append(flag)
-        else:
-            parts += [flag, str(value)]
-    return shlex.join(parts)
+    @property
+    def step_limit(self) -> int | None:
+        """max_steps, or max_tokens in steps, whichever comes first; None: the clock decides."""
+        if self.max_tokens is None:
+            return self.max_steps
+        return min(self.max_steps or math.inf, math.ceil(self.max_tokens / self.tokens_per_step))
 
 
 def train_tokenizer(train_text: str, vocab_size: int) -> PreTrainedTokenizerFast:
@@ -167,16 +129,16 @@ def encode_stream(tokenizer: PreTrainedTokenizerFast, text: str) -> torch.Tensor
     return torch.tensor([i for ids in encodings for i in ids], dtype=torch.long)
 
 
-def build_model(args: argparse.Namespace, tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
+def build_model(settings: BaseTrainingSettings, tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
     """A small Llama with tied embeddings (saves vocab x hidden parameters)."""
     eos = tokenizer.eos_token_id
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=args.hidden_size,
-        intermediate_size=args.intermediate_size,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=args.heads,
+        hidden_size=settings.hidden_size,
+        intermediate_size=settings.intermediate_size,
+        num_hidden_layers=settings.layers,
+        num_attention_heads=settings.heads,
+        num_key_value_heads=settings.heads,
         max_position_embeddings=MAX_POSITIONS,
         tie_word_embeddings=True,
         bos_token_id=eos,
@@ -190,52 +152,44 @@ def build_model(args: argparse.Namespace, tokenizer: PreTrainedTokenizerFast) ->
     return model
 
 
-def lr_at(step: int, progress: float, args: argparse.Namespace) -> float:
+def lr_at(step: int, progress: float, settings: BaseTrainingSettings) -> float:
     """Linear warmup by steps, then cosine decay to min_lr over training progress."""
-    if step < args.warmup_steps:
-        return args.lr * (step + 1) / args.warmup_steps
+    if step < settings.warmup_steps:
+        return settings.lr * (step + 1) / settings.warmup_steps
     cosine = 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-    return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * cosine)
+    return settings.lr * (settings.min_lr_ratio + (1 - settings.min_lr_ratio) * cosine)
 
 
-def make_optimizer(model: torch.nn.Module, args: argparse.Namespace) -> torch.optim.AdamW:
+def make_optimizer(model: torch.nn.Module, settings: BaseTrainingSettings) -> torch.optim.AdamW:
     """AdamW; no weight decay on norms (1-D weights), as usual for transformers."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": settings.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+    return torch.optim.AdamW(groups, lr=settings.lr, betas=(0.9, 0.95), eps=1e-8)
 
 
-def sample_batch(stream: torch.Tensor, args: argparse.Namespace, gen: torch.Generator) -> torch.Tensor:
+def sample_batch(stream: torch.Tensor, settings: BaseTrainingSettings, gen: torch.Generator) -> torch.Tensor:
     """Random fixed-length windows of the token stream (seeded, so resumable)."""
-    starts = torch.randint(0, len(stream) - args.seq_len, (args.batch_size,), generator=gen)
-    return torch.stack([stream[s : s + args.seq_len] for s in starts.tolist()])
+    starts = torch.randint(0, len(stream) - settings.seq_len, (settings.batch_size,), generator=gen)
+    return torch.stack([stream[s : s + settings.seq_len] for s in starts.tolist()])
 
 
 @torch.no_grad()
-def heldout_loss(model: LlamaForCausalLM, heldout: torch.Tensor, args: argparse.Namespace) -> float:
+def heldout_loss(model: LlamaForCausalLM, heldout: torch.Tensor, settings: BaseTrainingSettings) -> float:
     """Mean loss over fixed, non-overlapping held-out windows (comparable across evals)."""
-    n_windows = min(len(heldout) // args.seq_len, args.eval_batches * args.batch_size)
+    n_windows = min(len(heldout) // settings.seq_len, settings.eval_batches * settings.batch_size)
     if n_windows == 0:
         return float("nan")
-    windows = heldout[: n_windows * args.seq_len].view(n_windows, args.seq_len)
+    windows = heldout[: n_windows * settings.seq_len].view(n_windows, settings.seq_len)
     model.eval()
     losses = []
-    for batch in windows.split(args.batch_size):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+    for batch in windows.split(settings.batch_size):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
             losses.append(model(input_ids=batch, labels=batch).loss.float().item() * len(batch))
     model.train()
     return sum(losses) / n_windows
-
-
-def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """Write atomically so a kill mid-save never corrupts the last good checkpoint."""
-    path.mkdir(parents=True, exist_ok=True)
-    tmp = path / (CHECKPOINT_FILE + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path / CHECKPOINT_FILE)
 
 
 def plot_curve(log: dict[str, Any], path: Path) -> None:
@@ -260,153 +214,177 @@ def plot_curve(log: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Train (or resume) the base model and save it to ``args.out``; returns 0.
+class BaseTraining:
+    """One train-base run: the data, the model and its optimizer, and the counters a checkpoint
+    keeps (step, elapsed time, log). `run()` trains until the step limit or the clock says stop."""
+
+    def __init__(self, settings: BaseTrainingSettings, command: str) -> None:
+        self.settings = s = settings
+        self.checkpoint_dir = s.out / CHECKPOINT_DIR
+        resume_state = self._resume_state()
+        torch.manual_seed(s.seed)
+        train_text, heldout_text = build_corpus(s.corpus)
+        if resume_state is not None:
+            self.tokenizer = PreTrainedTokenizerFast.from_pretrained(self.checkpoint_dir)
+        else:
+            self.tokenizer = train_tokenizer(train_text, s.vocab_size)
+            self.tokenizer.save_pretrained(self.checkpoint_dir)
+        self.train_ids = encode_stream(self.tokenizer, train_text)
+        self.heldout_ids = encode_stream(self.tokenizer, heldout_text)
+        if len(self.train_ids) <= s.seq_len:
+            raise DecodingError(f"corpus too small: {len(self.train_ids)} tokens for --seq-len {s.seq_len}")
+
+        self.model = build_model(s, self.tokenizer)
+        self.optimizer = make_optimizer(self.model, s)
+        self.generator = torch.Generator().manual_seed(s.seed)
+        self.max_steps = s.step_limit
+        self.budget_s = s.max_minutes * 60 if s.max_minutes else None
+        if self.max_steps is None and self.budget_s is None:
+            raise DecodingError("--max-minutes 0 needs --max-steps or --max-tokens")
+        self.step, self.elapsed = 0, 0.0
+        self.log: dict[str, Any] = {
+            "command": command,
+            "arguments": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(s).items()},
+            "params": sum(p.numel() for p in self.model.parameters()),
+            "seed": s.seed,
+            "corpus": s.corpus,
+            "train_tokens_in_corpus": len(self.train_ids),
+            "heldout_tokens_in_corpus": len(self.heldout_ids),
+            "train_curve": [],
+            "heldout_curve": [],
+        }
+        if resume_state is not None:
+            self._restore(resume_state)
+
+    def _resume_state(self) -> dict[str, Any] | None:
+        if not self.settings.resume:
+            return None
+        path = self.checkpoint_dir / CHECKPOINT_FILE
+        if not path.exists():
+            raise DecodingError(f"--resume: no checkpoint at {path}")
+        return load_state(path)
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+        torch.set_rng_state(state["torch_rng"])
+        self.step, self.elapsed = state["step"], state["elapsed"]
+        self.log["train_curve"] = state["log"]["train_curve"]
+        self.log["heldout_curve"] = state["log"]["heldout_curve"]
+        self.log["resumed_from_steps"] = state["log"].get("resumed_from_steps", []) + [self.step]
+        if "best" in state["log"]:
+            self.log["best"] = state["log"]["best"]
+
+    @property
+    def progress(self) -> float:
+        """How far training is, 0 to 1: the larger of the step and the clock fractions."""
+        fractions = [0.0]
+        if self.max_steps is not None:
+            fractions.append(self.step / self.max_steps)
+        if self.budget_s is not None:
+            fractions.append(self.elapsed / self.budget_s)
+        return max(fractions)
+
+    @property
+    def tokens_seen(self) -> int:
+        return self.step * self.settings.tokens_per_step
+
+    def train_step(self) -> tuple[float, float]:
+        """One optimizer step on a fresh batch: (loss, learning rate)."""
+        lr = lr_at(self.step, self.progress, self.settings)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        batch = sample_batch(self.train_ids, self.settings, self.generator)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.settings.bf16):
+            loss = self.model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return loss.item(), lr
+
+    def evaluate(self) -> None:
+        loss = heldout_loss(self.model, self.heldout_ids, self.settings)
+        self.log["heldout_curve"].append({"step": self.step, "tokens": self.tokens_seen, "loss": loss})
+        tqdm.write(f"step {self.step}: held-out loss {loss:.4f}")
+        # A small corpus is memorised before the schedule ends; the best held-out point is kept
+        # in OUT/best so it can be chosen over the final weights.
+        if loss < self.log.get("best", {}).get("heldout_loss", float("inf")):
+            self.log["best"] = {"step": self.step, "tokens": self.tokens_seen, "heldout_loss": loss}
+            self.save_model(self.settings.out / BEST_DIR)
+
+    def save_checkpoint(self) -> None:
+        save_state(self.checkpoint_dir / CHECKPOINT_FILE, {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "generator": self.generator.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "step": self.step,
+            "elapsed": self.elapsed,
+            "log": self.log,
+        })
+
+    def save_model(self, directory: Path) -> None:
+        save_model_as(self.model, self.tokenizer, directory, self.settings.save_dtype)
+
+    def run(self) -> None:
+        """Train to the end of the schedule, then save the model, its log and its loss curve."""
+        s = self.settings
+        print(f"params {self.log['params']:,}  train tokens {len(self.train_ids):,}  "
+              f"held-out tokens {len(self.heldout_ids):,}  tokens/step {s.tokens_per_step:,}  "
+              f"starting at step {self.step}")
+        self.model.train()
+        bar = tqdm(total=self.max_steps, initial=self.step, unit="step", dynamic_ncols=True, mininterval=2.0)
+        window_loss, window_steps, window_start = 0.0, 0, time.perf_counter()
+        # wall clock of this invocation (evals and saves included) on top of earlier runs
+        elapsed_before, started = self.elapsed, time.perf_counter()
+        while self.progress < 1.0:
+            loss, lr = self.train_step()
+            now = time.perf_counter()
+            self.elapsed = elapsed_before + now - started
+            window_loss += loss
+            window_steps += 1
+            if self.step % s.log_every == 0:
+                mean = window_loss / window_steps
+                tok_s = window_steps * s.tokens_per_step / (now - window_start)
+                self.log["train_curve"].append({"step": self.step, "tokens": self.tokens_seen, "loss": mean,
+                                                "lr": lr, "elapsed_s": round(self.elapsed, 1)})
+                bar.set_postfix(loss=f"{mean:.3f}", tok_s=f"{tok_s:,.0f}", lr=f"{lr:.2e}")
+                window_loss, window_steps, window_start = 0.0, 0, now
+            bar.update(1)
+            if self.step % s.eval_every == 0:
+                self.evaluate()
+            if self.step % s.save_every == 0:
+                self.save_checkpoint()
+        bar.close()
+        self._finish()
+
+    def _finish(self) -> None:
+        if not self.log["heldout_curve"] or self.log["heldout_curve"][-1]["step"] != self.step:
+            self.evaluate()
+        self.save_checkpoint()
+        self.log.update({
+            "steps": self.step,
+            "tokens_seen": self.tokens_seen,
+            "epochs": self.tokens_seen / len(self.train_ids),
+            "wall_time_s": round(self.elapsed, 1),
+            "final_train_loss": self.log["train_curve"][-1]["loss"] if self.log["train_curve"] else None,
+            "final_heldout_loss": self.log["heldout_curve"][-1]["loss"],
+        })
+        out = self.settings.out
+        self.save_model(out)
+        (out / LOG_FILE).write_text(json.dumps(self.log, indent=1) + "\n", encoding="utf-8")
+        plot_curve(self.log, out / CURVE_FILE)
+        print(f"saved to {out}: {self.step} steps, {self.tokens_seen:,} tokens, "
+              f"held-out loss {self.log['final_heldout_loss']:.4f}, {self.elapsed / 60:.1f} min")
+
+
+def train_base(settings: BaseTrainingSettings, command: str = "") -> None:
+    """Train (or resume) the base model and save it to `settings.out`.
 
     Raises DecodingError for problems the user can fix (missing checkpoint or corpus).
     """
-    torch.set_num_threads(args.threads)
-    out: Path = args.out
-    ckpt_dir = out / CHECKPOINT_DIR
-    resume_state: dict[str, Any] | None = None
-    if args.resume:
-        if not (ckpt_dir / CHECKPOINT_FILE).exists():
-            raise DecodingError(f"--resume: no checkpoint at {ckpt_dir / CHECKPOINT_FILE}")
-        resume_state = torch.load(ckpt_dir / CHECKPOINT_FILE, weights_only=True)
-
-    torch.manual_seed(args.seed)
-    train_text, heldout_text = build_corpus(args.corpus)
-    if resume_state is not None:
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(ckpt_dir)
-    else:
-        tokenizer = train_tokenizer(train_text, args.vocab_size)
-        tokenizer.save_pretrained(ckpt_dir)
-    train_ids = encode_stream(tokenizer, train_text)
-    heldout_ids = encode_stream(tokenizer, heldout_text)
-    if len(train_ids) <= args.seq_len:
-        raise DecodingError(f"corpus too small: {len(train_ids)} tokens for --seq-len {args.seq_len}")
-
-    model = build_model(args, tokenizer)
-    params = sum(p.numel() for p in model.parameters())
-    optimizer = make_optimizer(model, args)
-    gen = torch.Generator().manual_seed(args.seed)
-    tokens_per_step = args.batch_size * args.seq_len
-    max_steps = args.max_steps
-    if args.max_tokens is not None:
-        max_steps = min(max_steps or math.inf, math.ceil(args.max_tokens / tokens_per_step))
-    budget_s = args.max_minutes * 60 if args.max_minutes else None
-    if max_steps is None and budget_s is None:
-        raise DecodingError("--max-minutes 0 needs --max-steps or --max-tokens")
-
-    step, elapsed = 0, 0.0
-    log: dict[str, Any] = {
-        "command": command_line(args),
-        "arguments": {k: str(v) if isinstance(v, Path) else v
-                      for k, v in vars(args).items() if k not in _NOT_FLAGS},
-        "params": params,
-        "seed": args.seed,
-        "corpus": args.corpus,
-        "train_tokens_in_corpus": len(train_ids),
-        "heldout_tokens_in_corpus": len(heldout_ids),
-        "train_curve": [],
-        "heldout_curve": [],
-    }
-    if resume_state is not None:
-        model.load_state_dict(resume_state["model"])
-        optimizer.load_state_dict(resume_state["optimizer"])
-        gen.set_state(resume_state["generator"])
-        torch.set_rng_state(resume_state["torch_rng"])
-        step, elapsed = resume_state["step"], resume_state["elapsed"]
-        log["train_curve"] = resume_state["log"]["train_curve"]
-        log["heldout_curve"] = resume_state["log"]["heldout_curve"]
-        log["resumed_from_steps"] = resume_state["log"].get("resumed_from_steps", []) + [step]
-        if "best" in resume_state["log"]:
-            log["best"] = resume_state["log"]["best"]
-
-    print(f"params {params:,}  train tokens {len(train_ids):,}  held-out tokens {len(heldout_ids):,}"
-          f"  tokens/step {tokens_per_step:,}  starting at step {step}")
-
-    def progress() -> float:
-        fractions = [0.0]
-        if max_steps is not None:
-            fractions.append(step / max_steps)
-        if budget_s is not None:
-            fractions.append(elapsed / budget_s)
-        return max(fractions)
-
-    def checkpoint() -> None:
-        save_checkpoint(ckpt_dir, {
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "generator": gen.get_state(),
-            "torch_rng": torch.get_rng_state(),
-            "step": step,
-            "elapsed": elapsed,
-            "log": log,
-        })
-
-    def save_model(directory: Path) -> None:
-        save_model_as(model, tokenizer, directory, args.save_dtype)
-
-    def evaluate() -> None:
-        loss = heldout_loss(model, heldout_ids, args)
-        log["heldout_curve"].append({"step": step, "tokens": step * tokens_per_step, "loss": loss})
-        tqdm.write(f"step {step}: held-out loss {loss:.4f}")
-        # A small corpus is memorised before the schedule ends; the best held-out point is kept
-        # in OUT/best so it can be chosen over the final weights.
-        if loss < log.get("best", {}).get("heldout_loss", float("inf")):
-            log["best"] = {"step": step, "tokens": step * tokens_per_step, "heldout_loss": loss}
-            save_model(out / BEST_DIR)
-
-    model.train()
-    bar = tqdm(total=max_steps, initial=step, unit="step", dynamic_ncols=True, mininterval=2.0)
-    window_loss, window_steps, window_start = 0.0, 0, time.perf_counter()
-    # wall clock of this invocation (evals and saves included) on top of earlier runs
-    elapsed_before, started = elapsed, time.perf_counter()
-    while progress() < 1.0:
-        lr = lr_at(step, progress(), args)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        batch = sample_batch(train_ids, args, gen)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
-            loss = model(input_ids=batch, labels=batch).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        now = time.perf_counter()
-        elapsed = elapsed_before + now - started
-        window_loss += loss.item()
-        window_steps += 1
-        if step % args.log_every == 0:
-            mean = window_loss / window_steps
-            tok_s = window_steps * tokens_per_step / (now - window_start)
-            log["train_curve"].append({"step": step, "tokens": step * tokens_per_step, "loss": mean,
-                                       "lr": lr, "elapsed_s": round(elapsed, 1)})
-            bar.set_postfix(loss=f"{mean:.3f}", tok_s=f"{tok_s:,.0f}", lr=f"{lr:.2e}")
-            window_loss, window_steps, window_start = 0.0, 0, now
-        bar.update(1)
-        if step % args.eval_every == 0:
-            evaluate()
-        if step % args.save_every == 0:
-            checkpoint()
-    bar.close()
-
-    if not log["heldout_curve"] or log["heldout_curve"][-1]["step"] != step:
-        evaluate()
-    checkpoint()
-    log.update({
-        "steps": step,
-        "tokens_seen": step * tokens_per_step,
-        "epochs": step * tokens_per_step / len(train_ids),
-        "wall_time_s": round(elapsed, 1),
-        "final_train_loss": log["train_curve"][-1]["loss"] if log["train_curve"] else None,
-        "final_heldout_loss": log["heldout_curve"][-1]["loss"],
-    })
-    save_model(out)
-    (out / LOG_FILE).write_text(json.dumps(log, indent=1) + "\n", encoding="utf-8")
-    plot_curve(log, out / CURVE_FILE)
-    print(f"saved to {out}: {step} steps, {log['tokens_seen']:,} tokens, "
-          f"held-out loss {log['final_heldout_loss']:.4f}, {elapsed / 60:.1f} min")
-    return 0
+    torch.set_num_threads(settings.threads)
+    BaseTraining(settings, command).run()

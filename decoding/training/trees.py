@@ -1,8 +1,11 @@
-"""The Medusa paper's "optimal" tree: grow it greedily from measured head accuracies.
+"""Growing candidate trees from measured heads: the Medusa paper's "optimal" tree and the joint tree.
+
+Only training grows trees: it saves them, as choice lists, beside the heads it measured, and the
+decoding engine reads those lists (`decoding.tree`) without needing any of this.
 
 `acc[h][r]` is how often head h+1's rank-r guess was the right token (measured on held-out text,
-see `decoding.training.train_heads.measure_head_accuracy`). Treating the heads as independent, the node for
-the path `[r1, r2, ..., rd]` is accepted with probability
+see `evaluate.evaluate_heads`). Treating the heads as independent, the node for the path
+`[r1, r2, ..., rd]` is accepted with probability
 
     acc[0][r1] * acc[1][r2] * ... * acc[d-1][rd]
 
@@ -30,10 +33,15 @@ import heapq
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from ..errors import DecodingError
 
 Path = tuple[int, ...]
+TOP_K = 10  # ranks measured per head: the deepest rank a grown tree may use
+DEFAULT_TREE_NODES = (4, 8, 12, 16, 24)
+TREE_FAMILIES = ("optimal", "joint")
 
 
 def path_acceptance(acc: Sequence[Sequence[float]], path: Sequence[int]) -> float:
@@ -141,3 +149,47 @@ def expected_tokens_per_pass(
 ) -> float:
     """1 (the root always lands) + the expected acceptance of every node in the tree."""
     return 1.0 + sum(path_acceptance(acc, path) for path in choices)
+
+
+# ----- the trees a training run saves ------------------------------------------------------------
+@dataclass
+class TreeSettings:
+    """Which trees a run grows and which one decoding uses by default."""
+
+    top_k: int = TOP_K
+    tree_nodes: list[int] = field(default_factory=lambda: list(DEFAULT_TREE_NODES))  # budgets, root excluded
+    default_tree_nodes: int | None = None  # None: the largest budget
+    # optimal: the paper's tree; joint: from how often each path was right on the held-out text.
+    default_tree_family: str = "optimal"
+
+    @property
+    def default_tree(self) -> str:
+        return f"{self.default_tree_family}-{self.default_tree_nodes or max(self.tree_nodes)}"
+
+
+class HeadMeasurements(Protocol):
+    """What trees are grown from: per-rank accuracies and the joint path counts."""
+
+    accuracy: list[list[float]]
+    path_counts: Mapping[Path, int]
+    joint_positions: int
+
+
+@dataclass
+class BuiltTrees:
+    trees: dict[str, list[list[int]]]
+    expected: dict[str, float]  # the paper's product rule, for the optimal-N trees
+    measured: dict[str, float]  # tokens per pass on the held-out positions, for every tree
+
+
+def build_trees(measured: HeadMeasurements, budgets: Sequence[int]) -> BuiltTrees:
+    """For each node budget, the paper's optimal tree and the joint tree, with their figures."""
+    acc, counts, positions = measured.accuracy, measured.path_counts, measured.joint_positions
+    budgets = sorted(set(budgets))
+    trees = {f"optimal-{n}": optimal_choices(acc, n) for n in budgets}
+    trees |= {f"joint-{n}": joint_optimal_choices(acc, counts, n) for n in budgets}
+    expected = {name: round(expected_tokens_per_pass(acc, c), 4)
+                for name, c in trees.items() if name.startswith("optimal-")}
+    tokens_per_pass = ({name: round(measured_tokens_per_pass(counts, positions, c), 4) for name, c in trees.items()}
+                       if positions else {})
+    return BuiltTrees(trees, expected, tokens_per_pass)
