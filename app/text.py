@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from decoding.stats import round_cost, verify_cost
+from decoding.stats import rest_of_round_cost, round_cost, verify_cost
 from decoding.trace import RunTrace
 
 from .charts import acceptance_by_depth
@@ -132,7 +132,7 @@ def race_values(race: RaceResult) -> dict[str, str]:
         "round_cost": f"{cost:.2f}",
         "predicted_speedup": f"{medusa.tokens_per_pass / cost:.2f}" if cost else MISSING,
         "verify_cost": f"{verify:.2f}",
-        "draft_accept_cost": f"{cost - verify:.2f}",
+        "draft_accept_cost": f"{rest_of_round_cost(ar, medusa):.2f}",
         "ceiling_speedup": f"{medusa.tokens_per_pass / verify:.2f}" if verify else MISSING,
         "speedup": f"{spread.median:.2f}",
         "speedup_range": f"{spread.low:.2f}–{spread.high:.2f}",

@@ -9,9 +9,11 @@ Definitions (every one from the engine's own clock, which only runs inside the d
 - *round cost*: the decoding seconds of the rounds alone (prefill left out) per round, in plain
   decoding steps (the AR run's seconds per round). One Medusa round (draft, verify, accept)
   costing 1.5 steps and adding 2.4 tokens gives a speedup of about 2.4 / 1.5 = 1.6;
-- its *verify cost*: the verify passes alone, in the same steps; the rest of the round cost is
-  drafting, accepting and bookkeeping. Tokens per pass / verify cost is the ceiling a free
-  draft would reach.
+- its *verify cost*: the verify passes alone, in the same steps; the *rest of the round*
+  (round cost less verify cost) is drafting, accepting and bookkeeping. Tokens per pass /
+  verify cost is the ceiling a free draft would reach;
+- *recording overhead*: the seconds spent recording details for the page over the decoding
+  seconds (what `bench` calls trace cost).
 
 `Timing` sums any number of traces of one method, so a bench over many prompts and a single
 race on the page compute their figures with the same functions.
@@ -31,11 +33,13 @@ class Timing:
     """Totals over one or more runs of one method."""
 
     tokens: int = 0
+    passes: int = 0  # forward passes of the base model, prefill included
     rounds: int = 0
     round_tokens: int = 0  # tokens the rounds added (the prefill's first token left out)
     seconds: float = 0.0  # decoding seconds, prefill included, recording excluded
     round_seconds: float = 0.0  # the same for the rounds alone
     verify_seconds: float = 0.0  # the rounds' base-model passes alone
+    recording_seconds: float = 0.0  # spent recording per-node details for the page (not decoding)
 
     @classmethod
     def of(cls, traces: RunTrace | Iterable[RunTrace]) -> Timing:
@@ -43,11 +47,13 @@ class Timing:
         seconds = sum(decoding_seconds(t) for t in runs)
         return cls(
             tokens=sum(len(t.tokens) for t in runs),
+            passes=sum(t.forward_passes for t in runs),
             rounds=sum(len(t.rounds) for t in runs),
             round_tokens=sum(r.accepted_length for t in runs for r in t.rounds),
             seconds=seconds,
             round_seconds=seconds - sum(t.time_prefill for t in runs),
             verify_seconds=sum(r.time_verify for t in runs for r in t.rounds),
+            recording_seconds=sum(r.time_trace for t in runs for r in t.rounds),
         )
 
     @property
@@ -99,6 +105,16 @@ def round_cost(ar: Timing, medusa: Timing) -> float:
 def verify_cost(ar: Timing, medusa: Timing) -> float:
     """The verify pass of one Medusa round in plain decoding steps."""
     return in_steps(medusa.verify_seconds / medusa.rounds, ar) if medusa.rounds else 0.0
+
+
+def rest_of_round_cost(ar: Timing, medusa: Timing) -> float:
+    """The rest of one Medusa round, in plain decoding steps: drafting, accepting, bookkeeping."""
+    return round_cost(ar, medusa) - verify_cost(ar, medusa)
+
+
+def recording_overhead(timing: Timing) -> float:
+    """Seconds spent recording details for the page, over the seconds spent decoding."""
+    return timing.recording_seconds / timing.seconds if timing.seconds > 0 else 0.0
 
 
 @dataclass(frozen=True)
