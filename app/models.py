@@ -11,12 +11,15 @@ on a tiny random model the engine builds in a second: gibberish, but every view 
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import tempfile
 import threading
 from collections import OrderedDict
 from pathlib import Path
+
+import torch
 
 from decoding.errors import DecodingError
 from decoding.generate import generate
@@ -33,7 +36,8 @@ from .gpu import ON_ZERO_GPU
 MODEL_ENV = "MEDUSA_PLAYGROUND_MODEL"
 TINY = "tiny-random"
 PREFERRED_DEFAULT = "smollm2"  # the real chat model, where it has been fetched
-KEEP_MODELS = 2  # loaded models kept in memory; the least recently used one goes first
+KEEP_MODELS = 2  # loaded models kept in memory on a CPU; the least recently used one goes first
+KEEP_MODELS_ON_GPU = 1  # two 7B models (28-30 GB in float16) do not fit a 24 GB GPU
 
 
 def _wheel_models() -> dict[str, str]:
@@ -100,16 +104,23 @@ def heads_recipe(name: str) -> str | None:
     return "medusa-2" if tuned else "medusa-1"
 
 
+def models_to_keep() -> int:
+    """How many loaded models fit in memory here: one on a GPU, KEEP_MODELS on a CPU."""
+    return KEEP_MODELS_ON_GPU if torch.cuda.is_available() else KEEP_MODELS
+
+
 class ModelCache:
     """Loads each model once and hands the same object to every visitor; keeps the last `keep`.
 
     Loading takes seconds to minutes, so it happens outside the cache's lock: a visitor asking for
     a loaded model never waits for another visitor's load. Two visitors asking for the same new
-    model wait for one load (a lock per name).
+    model wait for one load (a lock per name). When the cache is full, the least recently used
+    model is dropped *before* the new one loads, so the old and the new are never in memory
+    together: on a GPU that holds one model, switching models would otherwise run out of memory.
     """
 
-    def __init__(self, keep: int = KEEP_MODELS) -> None:
-        self.keep = keep
+    def __init__(self, keep: int | None = None) -> None:
+        self.keep = models_to_keep() if keep is None else keep
         self._models: OrderedDict[str, MedusaModel] = OrderedDict()
         self._lock = threading.Lock()
         self._loading: dict[str, threading.Lock] = {}
@@ -126,13 +137,24 @@ class ModelCache:
             with self._lock:
                 if name in self._models:  # loaded by the visitor we waited for
                     return self._models[name]
+                dropped = self._drop_least_recent(keep=self.keep - 1)
+            if dropped:
+                gc.collect()  # free the dropped model's memory now, not whenever the collector runs
             model = self._load(name)
             with self._lock:
                 self._models[name] = model
-                while len(self._models) > self.keep:
-                    self._models.popitem(last=False)
+                self._drop_least_recent(keep=self.keep)  # another visitor's model may have arrived
                 self._loading.pop(name, None)
             return model
+
+    def _drop_least_recent(self, keep: int) -> bool:
+        """Forget models, least recently used first, until `keep` are left; True if any went.
+        The caller holds the lock."""
+        dropped = False
+        while len(self._models) > max(keep, 0):
+            self._models.popitem(last=False)
+            dropped = True
+        return dropped
 
     def loaded(self) -> list[str]:
         """Names in memory, least recently used first."""

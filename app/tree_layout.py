@@ -11,13 +11,7 @@ from functools import lru_cache
 
 import networkx as nx
 
-
-def tree_graph(parents: list[int]) -> nx.DiGraph:
-    """Parent -> child edges over node indices; node 0 is the root (its parent is -1)."""
-    graph = nx.DiGraph()
-    graph.add_nodes_from(range(len(parents)))
-    graph.add_edges_from((parent, child) for child, parent in enumerate(parents) if parent >= 0)
-    return graph
+from decoding.tree import tree_graph
 
 
 def tidy_layout(parents: list[int], depths: list[int]) -> dict[int, tuple[float, float]]:

