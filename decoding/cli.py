@@ -45,24 +45,25 @@ def _add_model_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _add_decoding_arguments(p: argparse.ArgumentParser, many_trees: bool = False) -> None:
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--tree", type=parse_tree, default=["default"] if many_trees else "default",
+    defaults = DecodeSettings()  # the one place each default is written
+    p.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
+    p.add_argument("--tree", type=parse_tree, default=[defaults.tree] if many_trees else defaults.tree,
                    nargs="+" if many_trees else None,
                    help="preset name, or a choices list as JSON, e.g. '[[0],[0,0],[1]]'"
                         + ("; several to compare them in one run" if many_trees else ""))
-    p.add_argument("--num-heads", type=int, default=None, help="use only the first n heads")
-    p.add_argument("--acceptance", choices=ACCEPTANCE_SCHEMES, default="greedy")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--epsilon", type=float, default=0.09, help="typical acceptance threshold")
-    p.add_argument("--delta", type=float, default=0.3, help="typical acceptance entropy factor")
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--num-heads", type=int, default=defaults.num_heads, help="use only the first n heads")
+    p.add_argument("--acceptance", choices=ACCEPTANCE_SCHEMES, default=defaults.acceptance)
+    p.add_argument("--temperature", type=float, default=defaults.temperature)
+    p.add_argument("--top-p", type=float, default=defaults.top_p)
+    p.add_argument("--epsilon", type=float, default=defaults.epsilon, help="typical acceptance threshold")
+    p.add_argument("--delta", type=float, default=defaults.delta, help="typical acceptance entropy factor")
+    p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def _settings(args: argparse.Namespace, tree: str | list[list[int]]) -> DecodeSettings:
     settings = DecodeSettings(
-        method=getattr(args, "method", "medusa"), max_new_tokens=args.max_new_tokens,
+        method=getattr(args, "method", DecodeSettings.method), max_new_tokens=args.max_new_tokens,
         acceptance=args.acceptance, temperature=args.temperature, top_p=args.top_p,
         epsilon=args.epsilon, delta=args.delta, seed=args.seed, tree=tree,
         num_heads=args.num_heads,
@@ -130,7 +131,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 def _generate_arguments(p: argparse.ArgumentParser) -> None:
     _add_model_arguments(p)
     p.add_argument("--prompt", required=True)
-    p.add_argument("--method", choices=METHODS, default="medusa")
+    p.add_argument("--method", choices=METHODS, default=DecodeSettings.method)
     _add_decoding_arguments(p)
     p.set_defaults(func=cmd_generate)
 

@@ -4,7 +4,7 @@ On a CPU, `F.linear` with a handful of rows (a tree of 4-16 candidates) runs a m
 that first re-packs the whole weight matrix into the blocked layout its
 kernel reads. For a 1536 x 576 layer that copy costs about as much as the product itself, so a
 verify pass of 8 tokens moved the weights about twice and cost 1.8-2.1 one-token steps on
-SmolLM2 (design.md, section 8). oneDNN can pack the weights once, ahead of time: PyTorch's
+SmolLM2 (measured with `python -m scripts.pass_cost`). oneDNN can pack the weights once, ahead of time: PyTorch's
 `torch.ops.mkldnn._reorder_linear_weight` does it and `torch.ops.mkldnn._linear_pointwise`
 multiplies by the packed copy. These are the ops inductor's weight freezing emits for CPU
 linear layers (torch/_inductor/fx_passes/mkldnn_fusion.py); they are private, so the packing

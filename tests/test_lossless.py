@@ -95,7 +95,8 @@ class OracleHeads(torch.nn.Module):
     def token_ids(self, guesses: torch.Tensor) -> torch.Tensor:
         return guesses  # no draft vocabulary: a guess is a token id
 
-    def forward(self, hidden: torch.Tensor, lm_head=None, num_heads: int | None = None) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, lm_head=None, num_heads: int | None = None,
+                root_embedding: torch.Tensor | None = None) -> torch.Tensor:
         position = int((self.states - hidden).norm(dim=-1).argmin())
         count = num_heads or self.num_heads
         logits = torch.zeros(count, self.config.vocab_size)
