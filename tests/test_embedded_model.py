@@ -55,6 +55,9 @@ def test_model_data_fits_the_size_budget():
 
 def test_heads_beat_chance_by_a_wide_margin(embedded):
     """On the model's own continuations of prompts it never trained on (chance is 1/vocabulary)."""
+    if embedded.heads.config.reads_root:
+        pytest.skip("heads that read the root are measured on held-out recorded answers by "
+                    "train-heads --recorded, and decoded against chance in test_smollm2.py")
     prompts = bench_prompts(embedded.name)[:6]
     greedy = DataSettings(max_new_tokens=48, sampled=False, gen_batch_size=16)
     sequences = self_distill(embedded.model, embedded.tokenizer, prompts, greedy, progress=False).sequences
