@@ -135,3 +135,17 @@ def test_recorded_training_learns_what_comes_next(reads_root):
     assert trained.top1[0] > 0.9 and trained.top1[1] > 0.9
     assert trained.joint_positions == 60 * (16 - 2)
     assert trained.path_counts[(0, 0)] > 0.9 * trained.joint_positions
+
+
+def test_recorded_trees_fit_heads_fewer_than_three():
+    from collections import Counter
+
+    from decoding.training.recorded import RecordedEvaluation
+    from decoding.training.recorded_run import _trees
+
+    two_heads = RecordedEvaluation(accuracy=[[0.5, 0.2, 0.1], [0.3, 0.1, 0.05]], positions=[10, 10],
+                                   path_counts=Counter({(0,): 5, (0, 0): 3}), joint_positions=10,
+                                   vocab_coverage=1.0)
+    trees, expected, measured = _trees(two_heads, [2, 3])
+    assert trees["chain-2"] == [[0], [0, 0]] and "chain-3" not in trees
+    assert measured["chain-2"] == 1.0 + (5 + 3) / 10

@@ -117,7 +117,8 @@ def _trees(evaluation: RecordedEvaluation, budgets: list[int]) -> tuple[dict, di
     acc = evaluation.accuracy
     trees = {f"optimal-{n}": optimal_choices(acc, n) for n in budgets}
     trees |= {f"joint-{n}": joint_optimal_choices(acc, evaluation.path_counts, n) for n in budgets}
-    trees["chain-3"] = [[0] * d for d in range(1, 4)]
+    chain = min(3, len(acc))
+    trees[f"chain-{chain}"] = [[0] * d for d in range(1, chain + 1)]
     expected = {name: round(expected_tokens_per_pass(acc, c), 4) for name, c in trees.items()}
     measured = {name: round(measured_tokens_per_pass(evaluation.path_counts, evaluation.joint_positions, c), 4)
                 for name, c in trees.items()}
