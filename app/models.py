@@ -93,7 +93,8 @@ def require_offered(name: str) -> str:
 
 def heads_recipe(name: str) -> str | None:
     """"medusa-2" if an embedded model's base was tuned with its heads, "medusa-1" if it stayed
-    frozen, None if the model's heads config does not say (published models, directories)."""
+    frozen ("medusa-1-root" if its heads also read the root token), None if the model's heads
+    config does not say (published models, directories)."""
     config = EMBEDDED_MODELS_DIR / name / OWN_HEADS_CONFIG
     if not config.is_file():
         return None
@@ -101,7 +102,9 @@ def heads_recipe(name: str) -> str | None:
     if not isinstance(training, dict):
         return None
     tuned = "base_next_token_loss" in training or "--joint-lr" in str(training.get("command", ""))
-    return "medusa-2" if tuned else "medusa-1"
+    if tuned:
+        return "medusa-2"
+    return "medusa-1-root" if json.loads(config.read_text(encoding="utf-8")).get("reads_root") else "medusa-1"
 
 
 def models_to_keep() -> int:

@@ -74,6 +74,9 @@ def _quoted(texts: list[str]) -> str:
 HEADS_TRAINING = {
     "medusa-2": "the Medusa-2 way: the heads and the base model were tuned together",
     "medusa-1": "the Medusa-1 way: the heads alone, with the base model frozen",
+    "medusa-1-root": ("the Medusa-1 way, with the base model frozen; each head also reads the token the "
+                      "base model just chose (its embedding), which a one-block head cannot work out "
+                      "from the hidden state alone"),
 }
 
 

@@ -176,3 +176,13 @@ def test_rounds_cut_short_at_the_context_limit_draw_the_tree_they_verified(tiny_
         assert tree.size == rnd.tree_size and len(tree.mask) == rnd.tree_size
         view = views.round_view(trace, index)
         assert f"verified **{rnd.tree_size} tree nodes**" in view.info
+
+
+def test_learn_says_how_each_embedded_models_heads_were_trained():
+    from app.models import heads_recipe
+    from app.text import HEADS_TRAINING
+
+    assert heads_recipe("austen") == "medusa-2"  # tuned with its heads (--joint-lr)
+    assert heads_recipe("smollm2") == "medusa-1-root"  # frozen base, heads read the root
+    assert heads_recipe("no-such-model") is None
+    assert "reads the token the base model just chose" in HEADS_TRAINING["medusa-1-root"]
