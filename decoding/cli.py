@@ -94,7 +94,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.json:
         print(trace.to_json())
         return 0
-    print(trace.prompt + trace.text)
+    # A continuation follows its prompt; a chat model's answer is a reply, so it gets its own lines.
+    print(trace.prompt + ("\n\n" if mm.use_chat_template else "") + trace.text)
     print(
         f"\n[{args.method}] {len(trace.tokens)} tokens in {trace.forward_passes} passes "
         f"(mean {trace.mean_accepted:.2f} tokens per pass), {trace.tokens_per_second:.1f} tok/s, "

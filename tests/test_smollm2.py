@@ -51,3 +51,11 @@ def test_medusa_on_smollm2_is_lossless_and_beats_chance_by_far(smollm2):
         assert medusa.tokens == plain.tokens
         accepted.append(medusa.mean_accepted)
     assert sum(accepted) / len(accepted) > 1.3
+
+
+def test_generate_prints_a_chat_answer_on_its_own_lines(capsys):
+    from decoding.cli import main
+
+    assert main(["generate", "--model", "smollm2", "--prompt", "Hi", "--max-new-tokens", "12", "--method", "ar"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Hi\n\n") and "<|im_start|>" not in out
