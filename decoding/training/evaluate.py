@@ -33,17 +33,15 @@ from .trees import TOP_K, count_paths
 
 
 @dataclass
-class HeadsEvaluation:
-    """How well each head predicts its token on some sequences."""
+class RankAccuracy:
+    """How often each head's rank-r guess was the true token, and which paths of guesses were right."""
 
-    loss: float  # the training objective: sum over heads of 0.8^(k-1) * mean cross-entropy
-    head_losses: list[float]
     accuracy: list[list[float]]  # accuracy[h][r]: share of positions where head h+1's rank r is right
     positions: list[int]  # how many positions each head was scored on
     # Paths of ranks exactly right, counted at the positions where every head has a target
     # (see `trees.count_paths`): what the joint trees are grown from.
-    path_counts: Counter[tuple[int, ...]] = field(default_factory=Counter)
-    joint_positions: int = 0
+    path_counts: Counter[tuple[int, ...]]
+    joint_positions: int
 
     @property
     def top1(self) -> list[float]:
@@ -53,6 +51,14 @@ class HeadsEvaluation:
     def top5(self) -> list[float]:
         # Ranks are exclusive (one true token per position), so top-5 is a sum of ranks 0..4.
         return [sum(row[:5]) for row in self.accuracy]
+
+
+@dataclass
+class HeadsEvaluation(RankAccuracy):
+    """How well each head predicts its token on some sequences, with the training objective."""
+
+    loss: float = 0.0  # sum over heads of 0.8^(k-1) * mean cross-entropy
+    head_losses: list[float] = field(default_factory=list)
 
 
 @torch.no_grad()
@@ -108,5 +114,6 @@ def evaluate_heads(
     head_losses = [s / c if c else float("nan") for s, c in zip(loss_sums, counts)]
     accuracy = [[h / c if c else 0.0 for h in row] for row, c in zip(rank_hits.tolist(), counts)]
     loss = sum(loss_decay**i * h for i, h in enumerate(head_losses))
-    return HeadsEvaluation(loss, head_losses, accuracy, counts, path_counts, joint_positions)
+    return HeadsEvaluation(accuracy=accuracy, positions=counts, path_counts=path_counts,
+                           joint_positions=joint_positions, loss=loss, head_losses=head_losses)
 

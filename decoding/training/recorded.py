@@ -36,6 +36,7 @@ from transformers import get_cosine_schedule_with_warmup
 
 from ..heads import HeadsConfig, MedusaHeads
 from .distill import Answers
+from .evaluate import RankAccuracy
 from .trees import count_paths
 
 
@@ -185,22 +186,10 @@ def fit_recorded_heads(heads: MedusaHeads, lm_head: nn.Linear, embedding: nn.Emb
 
 
 @dataclass
-class RecordedEvaluation:
+class RecordedEvaluation(RankAccuracy):
     """How often each head's rank-r guess was the token the base model then wrote."""
 
-    accuracy: list[list[float]]  # accuracy[h][r]
-    positions: list[int]
-    path_counts: Counter[tuple[int, ...]]
-    joint_positions: int
-    vocab_coverage: float
-
-    @property
-    def top1(self) -> list[float]:
-        return [row[0] for row in self.accuracy]
-
-    @property
-    def top5(self) -> list[float]:
-        return [sum(row[:5]) for row in self.accuracy]
+    vocab_coverage: float = 1.0  # share of the answers' tokens inside the draft vocabulary
 
 
 @torch.no_grad()
