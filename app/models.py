@@ -98,13 +98,13 @@ def heads_recipe(name: str) -> str | None:
     config = EMBEDDED_MODELS_DIR / name / OWN_HEADS_CONFIG
     if not config.is_file():
         return None
-    training = json.loads(config.read_text(encoding="utf-8")).get("training")
+    meta = json.loads(config.read_text(encoding="utf-8"))
+    training = meta.get("training")
     if not isinstance(training, dict):
         return None
-    tuned = "base_next_token_loss" in training or "--joint-lr" in str(training.get("command", ""))
-    if tuned:
+    if "base_next_token_loss" in training or "--joint-lr" in str(training.get("command", "")):
         return "medusa-2"
-    return "medusa-1-root" if json.loads(config.read_text(encoding="utf-8")).get("reads_root") else "medusa-1"
+    return "medusa-1-root" if meta.get("reads_root") else "medusa-1"
 
 
 def models_to_keep() -> int:
