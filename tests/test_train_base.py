@@ -17,10 +17,14 @@ from decoding.training import train_base
 from decoding.training.corpus import (
     DOC_SEPARATOR,
     STDLIB_HELDOUT_EVERY,
+    Record,
     book_to_documents,
     build_corpus,
+    build_record_corpus,
     build_stdlib_corpus,
+    record_folders,
     split_documents,
+    split_records,
     stdlib_modules,
 )
 
@@ -191,3 +195,146 @@ def test_best_heldout_weights_are_kept_and_bf16_saving_leaves_training_in_fp32(t
     assert trained[name].dtype == torch.float32
     assert not torch.equal(trained[name], trained[name].to(torch.bfloat16).float())  # never rounded
     assert torch.equal(final[name], trained[name].to(torch.bfloat16))
+
+
+# ----- a given tokenizer (draft models), and self-distill records as the corpus ----------------
+def chat_tokenizer(tmp_path: Path, bos: bool = True, pad: bool = True) -> Path:
+    """A small BPE saved like a chat model's: PAD, BOS and EOS are three different tokens (0, 1, 2),
+    it adds no BOS itself, and its vocabulary (280) is not train-base's --vocab-size (300)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=280, special_tokens=["<pad>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator([fake_book(seed=7)], trainer=trainer)
+    special = {"eos_token": "</s>", **({"bos_token": "<s>"} if bos else {}), **({"pad_token": "<pad>"} if pad else {})}
+    folder = tmp_path / f"tokenizer-{bos}-{pad}"
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, **special).save_pretrained(folder)
+    return folder
+
+
+def tokenizer_files(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.glob("*token*") if p.name != "loss_curve.png")
+
+
+def test_a_given_tokenizer_sets_the_vocabulary_and_special_ids(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = chat_tokenizer(tmp_path)
+    given = AutoTokenizer.from_pretrained(folder)
+    assert len(given) == 280 and (given.pad_token_id, given.bos_token_id, given.eos_token_id) == (0, 1, 2)
+    args = tiny_args(tmp_path, "--tokenizer", str(folder), "--max-steps", "10", "--eval-every", "5")
+    assert args.vocab_size == 300  # ignored: the given tokenizer has 280
+    assert training_cli.run_train_base(args) == 0
+    out = tmp_path / "model"
+    model = AutoModelForCausalLM.from_pretrained(out)
+    config = model.config
+    assert config.vocab_size == len(given) == model.get_input_embeddings().weight.shape[0]
+    assert (config.bos_token_id, config.eos_token_id, config.pad_token_id) == (1, 2, 0)
+    generation = model.generation_config
+    assert (generation.bos_token_id, generation.eos_token_id, generation.pad_token_id) == (1, 2, 0)
+    # No tokenizer was trained, and none is saved: the model is loaded with the given one.
+    for place in (out, out / "best", out / "checkpoint"):
+        assert tokenizer_files(place) == [], place
+    log = json.loads((out / "training_log.json").read_text())
+    assert log["tokenizer"] == str(folder) and log["command"].split().count("--tokenizer") == 1
+
+    # The training stream is the given tokenizer's ids, every document starting with BOS
+    # (this tokenizer adds none itself, so train-base puts it there).
+    training = train_base.BaseTraining(training_cli.settings_from(train_base.BaseTrainingSettings, args), "")
+    train_text, _ = build_corpus(args.corpus)
+    first = [d for d in train_text.split(DOC_SEPARATOR) if d.strip()][0]
+    expected = [1, *given(first, add_special_tokens=True).input_ids]
+    assert training.train_ids[: len(expected)].tolist() == expected
+    assert int(training.train_ids.max()) < len(given)
+
+
+def test_special_ids_fall_back_to_eos(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    bare = AutoTokenizer.from_pretrained(chat_tokenizer(tmp_path, bos=False, pad=False))
+    assert bare.bos_token_id is None and bare.pad_token_id is None
+    assert train_base.special_ids(bare) == (2, 2, 2)
+    full = AutoTokenizer.from_pretrained(chat_tokenizer(tmp_path))
+    assert train_base.special_ids(full) == (1, 2, 0)
+    full.eos_token = None
+    with pytest.raises(DecodingError, match="no EOS"):
+        train_base.special_ids(full)
+
+
+def write_records(folder: Path, shards: int, per_shard: int, seed: int, vocab: int = 280) -> list[Record]:
+    """Fake `self-distill` shards: prompts start with BOS (1), answers end with EOS (2)."""
+    rng = random.Random(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    records = []
+    for number in range(shards):
+        prompts = [[1, *(rng.randrange(3, vocab) for _ in range(rng.randint(4, 12)))] for _ in range(per_shard)]
+        answers = [[*(rng.randrange(3, vocab) for _ in range(rng.randint(10, 30))), 2] for _ in range(per_shard)]
+        meta = {"instructions": [f"q{number}-{i}" for i in range(per_shard)], "prompts": prompts, "answers": answers}
+        (folder / f"shard-{number:05d}.json").write_text(json.dumps(meta))
+        (folder / f"shard-{number:05d}.safetensors").write_bytes(b"")  # not read
+        records += [Record(p, a) for p, a in zip(prompts, answers)]
+    return records
+
+
+def test_self_distill_records_are_split_by_prompt(tmp_path: Path) -> None:
+    first = write_records(tmp_path / "a", shards=2, per_shard=100, seed=0)
+    second = write_records(tmp_path / "b", shards=1, per_shard=50, seed=1)
+    second[0] = Record(first[3].prompt, [5, 6, 2])  # the same prompt answered again, elsewhere
+    meta = json.loads((tmp_path / "b" / "shard-00000.json").read_text())
+    meta["prompts"][0], meta["answers"][0] = second[0].prompt, second[0].answer
+    (tmp_path / "b" / "shard-00000.json").write_text(json.dumps(meta))
+    (tmp_path / "notes.txt").write_text("not records")
+
+    source = f"{tmp_path / 'a'},{tmp_path / 'b'}"
+    folders = record_folders(source)
+    assert folders == [tmp_path / "a", tmp_path / "b"]
+    assert record_folders(str(tmp_path / "notes.txt")) is None and record_folders("austen") is None
+    with pytest.raises(DecodingError, match="no self-distill records"):
+        record_folders(f"{tmp_path / 'a'},{tmp_path / 'notes.txt'}")
+    with pytest.raises(DecodingError, match="token ids, not text"):
+        build_corpus(source)
+
+    train, heldout = split_records(folders, heldout_fraction=0.2)
+    assert split_records(folders, heldout_fraction=0.2) == (train, heldout)  # deterministic
+    everything = first + second
+    assert sorted(map(repr, train + heldout)) == sorted(map(repr, everything))
+    assert [r for r in everything if r in train] == train  # order kept
+    assert 0.1 < len(heldout) / len(everything) < 0.3
+    assert not {tuple(r.prompt) for r in train} & {tuple(r.prompt) for r in heldout}
+    train_docs, heldout_docs = build_record_corpus(folders, heldout_fraction=0.2)
+    assert train_docs == [r.prompt + r.answer for r in train]
+    assert heldout_docs == [r.prompt + r.answer for r in heldout]
+
+
+def test_train_on_self_distill_records_uses_their_ids_as_they_are(tmp_path: Path) -> None:
+    records = write_records(tmp_path / "records", shards=3, per_shard=80, seed=2)
+    folder = chat_tokenizer(tmp_path)
+    args = tiny_args(tmp_path, "--corpus", str(tmp_path / "records"), "--tokenizer", str(folder),
+                     "--max-steps", "10", "--eval-every", "5")
+    settings = training_cli.settings_from(train_base.BaseTrainingSettings, args)
+    training = train_base.BaseTraining(settings, "")
+    train, heldout = split_records([tmp_path / "records"])
+    assert heldout and len(train) + len(heldout) == len(records)
+    # Random ids: decoding them to text and encoding again would give other ids.
+    assert training.train_ids.tolist() == [i for r in train for i in r.prompt + r.answer]
+    assert training.heldout_ids.tolist() == [i for r in heldout for i in r.prompt + r.answer]
+
+    assert training_cli.run_train_base(args) == 0
+    out = tmp_path / "model"
+    log = json.loads((out / "training_log.json").read_text())
+    assert log["train_documents"] == len(train) and log["heldout_documents"] == len(heldout)
+    assert log["train_tokens_in_corpus"] == sum(len(r.prompt) + len(r.answer) for r in train)
+    assert log["heldout_curve"][-1]["loss"] < log["heldout_curve"][0]["loss"] + 1.0  # finite, measured
+    assert tokenizer_files(out) == []
+
+    with pytest.raises(DecodingError, match="give --tokenizer"):
+        train_base.BaseTraining(train_base.BaseTrainingSettings(corpus=str(tmp_path / "records"),
+                                                                out=tmp_path / "x"), "")
+    write_records(tmp_path / "wide", shards=1, per_shard=50, seed=3, vocab=400)
+    with pytest.raises(DecodingError, match="beyond the tokenizer"):
+        train_base.BaseTraining(train_base.BaseTrainingSettings(
+            corpus=str(tmp_path / "wide"), tokenizer=folder, out=tmp_path / "y"), "")

@@ -19,7 +19,7 @@ from typing import TypeVar
 from ..errors import DecodingError
 from . import recorded_run
 from .checkpoint import SAVE_DTYPES
-from .corpus import CORPUS_HELP, write_corpus
+from .corpus import CORPUS_HELP, TRAIN_CORPUS_HELP, write_corpus
 from .data import DataSettings
 from .fit import FitSettings
 from .train_base import BaseTrainingSettings, train_base
@@ -192,10 +192,16 @@ def run_train_heads(args: argparse.Namespace) -> int:
 def add_train_base_arguments(parser: argparse.ArgumentParser) -> None:
     """train-base's flags; the defaults are the shipped model's settings."""
     s = BaseTrainingSettings()
-    parser.add_argument("--corpus", default=s.corpus, help=CORPUS_HELP)
+    parser.add_argument("--corpus", default=s.corpus, help=TRAIN_CORPUS_HELP)
     parser.add_argument("--out", type=Path, default=s.out,
                         help="output folder: final model, tokenizer, log, checkpoint/")
-    parser.add_argument("--vocab-size", type=int, default=s.vocab_size)
+    parser.add_argument("--tokenizer", type=Path, default=s.tokenizer,
+                        help="use this saved tokenizer (a folder AutoTokenizer loads) instead of training "
+                             "one: a draft model for speculative decoding shares its target's. Its "
+                             "vocabulary and BOS/EOS/PAD ids become the model's (--vocab-size is then "
+                             "ignored), and the output holds no tokenizer")
+    parser.add_argument("--vocab-size", type=int, default=s.vocab_size,
+                        help="vocabulary of the tokenizer trained on the corpus (ignored with --tokenizer)")
     parser.add_argument("--hidden-size", type=int, default=s.hidden_size)
     parser.add_argument("--layers", type=int, default=s.layers)
     parser.add_argument("--heads", type=int, default=s.heads)

@@ -14,6 +14,12 @@ tokens, at a held-out loss of 4.4).
 The second corpus, ``stdlib``, is code: the running Python's standard library,
 one document per module, with whole modules held out (see ``build_stdlib_corpus``).
 
+A third kind is already tokenized: folders of self-distill records (``shard-*.json``, written by
+``python -m decoding self-distill``), each a chat model's prompts and its own greedy answers as
+token ids. One document is a prompt followed by its answer (see ``build_record_corpus``): what a
+draft model for that chat model must learn to predict. Being ids in the chat model's tokenizer,
+these documents are never decoded to text and re-encoded.
+
 Documents (chapters) are joined with ``DOC_SEPARATOR``, which the tokenizer
 treats as its single special token (BOS/EOS), so the model sees document
 boundaries. The held-out split is the *tail* of every book (by position), so
@@ -24,10 +30,12 @@ than random paragraphs interleaved with training text.
 from __future__ import annotations
 
 import gzip
+import json
 import re
 import struct
 import sysconfig
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DecodingError
@@ -35,6 +43,8 @@ from ..errors import DecodingError
 DOC_SEPARATOR = "<|endoftext|>"
 CORPUS_HELP = ("'austen' (Debian r-cran-janeaustenr), 'stdlib' (this Python's standard library) "
                "or a .txt file / folder of them")
+TRAIN_CORPUS_HELP = (CORPUS_HELP + "; or a folder of self-distill records (shard-*.json, token ids: give "
+                     "--tokenizer, that of the model that wrote them), several joined by ','")
 JANEAUSTENR_DATA = Path("/usr/lib/R/site-library/janeaustenr/data")
 AUSTEN_BOOKS = (
     "sensesensibility",
@@ -53,6 +63,11 @@ STDLIB_EXCLUDED_PARTS = {"test", "tests", "idle_test", "encodings", "pydoc_data"
 STDLIB_EXCLUDED_PREFIXES = ("_sysconfigdata", "config-")
 # Every Nth module (in sorted order) is held out whole: code is judged on files never seen.
 STDLIB_HELDOUT_EVERY = 25
+
+# Self-distill records: the shards `python -m decoding self-distill` writes, and the separator
+# that joins several record folders in one --corpus.
+RECORD_SHARDS = "shard-*.json"
+RECORD_FOLDER_SEPARATOR = ","
 
 # Chapter/volume headings start a new document; they carry no prose to learn.
 _HEADING = re.compile(r"^(chapter|volume)\s+([ivxlc]+|\d+)\b.*$", re.IGNORECASE)
@@ -194,6 +209,70 @@ def build_stdlib_corpus(root: Path | None = None) -> tuple[str, str]:
     return DOC_SEPARATOR.join(train), DOC_SEPARATOR.join(heldout)
 
 
+@dataclass(frozen=True)
+class Record:
+    """One self-distill record: a chat prompt and the model's own greedy answer, as token ids."""
+
+    prompt: list[int]
+    answer: list[int]
+
+    @property
+    def ids(self) -> list[int]:
+        """The record as one training document: the prompt, then the answer."""
+        return self.prompt + self.answer
+
+
+def record_folders(source: str) -> list[Path] | None:
+    """The folders of self-distill records `source` names (one, or several joined by ','), or
+    None when it names none (so it is a text corpus). A mix of record folders and other things
+    is an error."""
+    paths = [Path(part) for part in source.split(RECORD_FOLDER_SEPARATOR) if part]
+    is_records = [path.is_dir() and any(path.glob(RECORD_SHARDS)) for path in paths]
+    if not any(is_records):
+        return None
+    if not all(is_records):
+        others = [str(p) for p, r in zip(paths, is_records) if not r]
+        raise DecodingError(f"--corpus {source}: {', '.join(others)} holds no self-distill records ({RECORD_SHARDS})")
+    return paths
+
+
+def read_records(folders: list[Path]) -> list[Record]:
+    """Every record of every shard in these folders, folder by folder, shard by shard, in order."""
+    records = []
+    for folder in folders:
+        for shard in sorted(folder.glob(RECORD_SHARDS)):
+            meta = json.loads(shard.read_text(encoding="utf-8"))
+            records += [Record(list(p), list(a)) for p, a in zip(meta["prompts"], meta["answers"], strict=True)]
+    return records
+
+
+def is_heldout_record(record: Record, heldout_fraction: float) -> bool:
+    """Whether a record is held out: decided by a hash of its prompt, so the split is the same on
+    every run and machine, and a prompt answered twice (in two folders) is never on both sides."""
+    digest = zlib.crc32(json.dumps(record.prompt).encode())
+    return digest % 10_000 < heldout_fraction * 10_000
+
+
+def split_records(
+    folders: list[Path], heldout_fraction: float = DEFAULT_HELDOUT_FRACTION
+) -> tuple[list[Record], list[Record]]:
+    """``(train, heldout)`` records of these folders; about `heldout_fraction` of them held out."""
+    train, heldout = [], []
+    for record in read_records(folders):
+        (heldout if is_heldout_record(record, heldout_fraction) else train).append(record)
+    if not train:
+        raise DecodingError(f"no training records in {', '.join(map(str, folders))}")
+    return train, heldout
+
+
+def build_record_corpus(
+    folders: list[Path], heldout_fraction: float = DEFAULT_HELDOUT_FRACTION
+) -> tuple[list[list[int]], list[list[int]]]:
+    """``(train_documents, heldout_documents)``: each a record's prompt ids followed by its answer ids."""
+    train, heldout = split_records(folders, heldout_fraction)
+    return [r.ids for r in train], [r.ids for r in heldout]
+
+
 def build_corpus(
     source: str = "austen", heldout_fraction: float = DEFAULT_HELDOUT_FRACTION
 ) -> tuple[str, str]:
@@ -205,6 +284,8 @@ def build_corpus(
     """
     if source == "stdlib":
         return build_stdlib_corpus()
+    if record_folders(source):
+        raise DecodingError(f"--corpus {source}: self-distill records are token ids, not text")
     if source == "austen":
         all_books = read_janeaustenr()
         books = [all_books[name] for name in AUSTEN_BOOKS]

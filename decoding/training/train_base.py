@@ -6,6 +6,11 @@ tokenizer trained on the same corpus. Everything is saved with
 ``save_pretrained`` so ``AutoModelForCausalLM`` / ``AutoTokenizer`` load it
 offline.
 
+With ``--tokenizer DIR`` it trains a model for an existing tokenizer instead: a *draft model*
+for speculative decoding, which must share its target model's vocabulary and special tokens.
+Then nothing is trained or saved for the tokenizer (the draft loads its target's), and the
+corpus may be the target's own self-distill records, already token ids (see corpus.py).
+
 Training is built for a shared 2-core CPU with a wall-clock budget:
 
 * bf16 autocast (about 1.5x faster than fp32 on this project's 2-core development CPU);
@@ -18,6 +23,7 @@ Training is built for a shared 2-core CPU with a wall-clock budget:
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import time
@@ -28,11 +34,18 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from tqdm.auto import tqdm
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import (
+    AutoTokenizer,
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+)
 
 from ..errors import DecodingError
-from .checkpoint import load_state, save_model_as, save_state
-from .corpus import DOC_SEPARATOR, build_corpus
+from .checkpoint import SAVE_DTYPES, load_state, save_model_as, save_state
+from .corpus import DOC_SEPARATOR, build_corpus, build_record_corpus, record_folders
 
 CHECKPOINT_DIR = "checkpoint"
 CHECKPOINT_FILE = "state.pt"
@@ -46,9 +59,12 @@ MAX_POSITIONS = 1024
 class BaseTrainingSettings:
     """train-base's settings; the defaults are those of the shipped `austen` model."""
 
-    corpus: str = "austen"  # 'austen', 'stdlib', or a .txt file / folder of them (see corpus.py)
+    # 'austen', 'stdlib', a .txt file / folder of them, or self-distill record folders (see corpus.py)
+    corpus: str = "austen"
     out: Path = Path("runs/train_base/austen")  # final model, tokenizer, log, checkpoint/
-    vocab_size: int = 8192
+    # A saved tokenizer to use as it is (a draft model's is its target's); None: train one.
+    tokenizer: Path | None = None
+    vocab_size: int = 8192  # of a trained tokenizer; a given one has its own
     hidden_size: int = 256
     layers: int = 6
     heads: int = 8
@@ -122,16 +138,46 @@ def train_tokenizer(train_text: str, vocab_size: int) -> PreTrainedTokenizerFast
     )
 
 
-def encode_stream(tokenizer: PreTrainedTokenizerFast, text: str) -> torch.Tensor:
-    """Token ids of all documents, each preceded by the separator (as at inference)."""
+def special_ids(tokenizer: PreTrainedTokenizerBase) -> tuple[int, int, int]:
+    """``(bos, eos, pad)`` ids for the model: the tokenizer's own, a missing BOS or PAD being EOS.
+
+    A tokenizer trained here has one special token that is all three; a given one (say a chat
+    model's) may have three different ones, or no BOS or PAD at all.
+    """
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise DecodingError("the tokenizer has no EOS token: a model trained for it could never stop")
+    bos = eos if tokenizer.bos_token_id is None else tokenizer.bos_token_id
+    pad = eos if tokenizer.pad_token_id is None else tokenizer.pad_token_id
+    return bos, eos, pad
+
+
+def encode_documents(tokenizer: PreTrainedTokenizerBase, text: str) -> list[list[int]]:
+    """Token ids of each document, each starting with BOS (as a prompt does at inference).
+
+    The tokenizer adds its own special tokens; where it adds no BOS (a chat model's may not),
+    BOS is put first, so that every document still starts at a boundary the model can see.
+    """
+    bos = special_ids(tokenizer)[0]
     docs = [d for d in text.split(DOC_SEPARATOR) if d.strip()]
     encodings = tokenizer(docs, add_special_tokens=True)["input_ids"]
-    return torch.tensor([i for ids in encodings for i in ids], dtype=torch.long)
+    return [ids if ids[:1] == [bos] else [bos, *ids] for ids in encodings]
 
 
-def build_model(settings: BaseTrainingSettings, tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
-    """A small Llama with tied embeddings (saves vocab x hidden parameters)."""
-    eos = tokenizer.eos_token_id
+def token_stream(documents: list[list[int]]) -> torch.Tensor:
+    """All documents' ids, one after another, as the stream training windows are cut from."""
+    return torch.tensor([i for ids in documents for i in ids], dtype=torch.long)
+
+
+def encode_stream(tokenizer: PreTrainedTokenizerBase, text: str) -> torch.Tensor:
+    """Token ids of all documents, each preceded by BOS (as at inference)."""
+    return token_stream(encode_documents(tokenizer, text))
+
+
+def build_model(settings: BaseTrainingSettings, tokenizer: PreTrainedTokenizerBase) -> LlamaForCausalLM:
+    """A small Llama with tied embeddings (saves vocab x hidden parameters), whose vocabulary and
+    special ids are the tokenizer's."""
+    bos, eos, pad = special_ids(tokenizer)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=settings.hidden_size,
@@ -141,13 +187,13 @@ def build_model(settings: BaseTrainingSettings, tokenizer: PreTrainedTokenizerFa
         num_key_value_heads=settings.heads,
         max_position_embeddings=MAX_POSITIONS,
         tie_word_embeddings=True,
-        bos_token_id=eos,
+        bos_token_id=bos,
         eos_token_id=eos,
-        pad_token_id=eos,
+        pad_token_id=pad,
     )
     model = LlamaForCausalLM(config)
     model.generation_config = GenerationConfig(
-        bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, do_sample=False
+        bos_token_id=bos, eos_token_id=eos, pad_token_id=pad, do_sample=False
     )
     return model
 
@@ -223,14 +269,23 @@ class BaseTraining:
         self.checkpoint_dir = s.out / CHECKPOINT_DIR
         resume_state = self._resume_state()
         torch.manual_seed(s.seed)
-        train_text, heldout_text = build_corpus(s.corpus)
-        if resume_state is not None:
-            self.tokenizer = PreTrainedTokenizerFast.from_pretrained(self.checkpoint_dir)
+        folders = record_folders(s.corpus)
+        if folders is not None:  # token ids already: they become the streams as they are
+            if s.tokenizer is None:
+                raise DecodingError(f"--corpus {s.corpus} holds token ids: give --tokenizer, "
+                                    "the tokenizer of the model that wrote them")
+            self.tokenizer = AutoTokenizer.from_pretrained(s.tokenizer)
+            train_docs, heldout_docs = build_record_corpus(folders)
         else:
-            self.tokenizer = train_tokenizer(train_text, s.vocab_size)
-            self.tokenizer.save_pretrained(self.checkpoint_dir)
-        self.train_ids = encode_stream(self.tokenizer, train_text)
-        self.heldout_ids = encode_stream(self.tokenizer, heldout_text)
+            train_text, heldout_text = build_corpus(s.corpus)
+            self.tokenizer = self._tokenizer(train_text, resume_state is not None)
+            train_docs = encode_documents(self.tokenizer, train_text)
+            heldout_docs = encode_documents(self.tokenizer, heldout_text)
+        self.train_ids, self.heldout_ids = token_stream(train_docs), token_stream(heldout_docs)
+        top = max((int(ids.max()) for ids in (self.train_ids, self.heldout_ids) if len(ids)), default=-1)
+        if top >= len(self.tokenizer):
+            raise DecodingError(f"--corpus {s.corpus} has token id {top}, beyond the tokenizer's "
+                                f"{len(self.tokenizer)}: not the tokenizer that wrote it")
         if len(self.train_ids) <= s.seq_len:
             raise DecodingError(f"corpus too small: {len(self.train_ids)} tokens for --seq-len {s.seq_len}")
 
@@ -248,6 +303,9 @@ class BaseTraining:
             "params": sum(p.numel() for p in self.model.parameters()),
             "seed": s.seed,
             "corpus": s.corpus,
+            "tokenizer": str(s.tokenizer) if s.tokenizer else "trained on the corpus",
+            "train_documents": len(train_docs),
+            "heldout_documents": len(heldout_docs),
             "train_tokens_in_corpus": len(self.train_ids),
             "heldout_tokens_in_corpus": len(self.heldout_ids),
             "train_curve": [],
@@ -255,6 +313,17 @@ class BaseTraining:
         }
         if resume_state is not None:
             self._restore(resume_state)
+
+    def _tokenizer(self, train_text: str, resuming: bool) -> PreTrainedTokenizerBase:
+        """The given tokenizer, or the one trained on the corpus (kept in the checkpoint for a resume)."""
+        s = self.settings
+        if s.tokenizer is not None:
+            return AutoTokenizer.from_pretrained(s.tokenizer)
+        if resuming:
+            return PreTrainedTokenizerFast.from_pretrained(self.checkpoint_dir)
+        tokenizer = train_tokenizer(train_text, s.vocab_size)
+        tokenizer.save_pretrained(self.checkpoint_dir)
+        return tokenizer
 
     def _resume_state(self) -> dict[str, Any] | None:
         if not self.settings.resume:
@@ -327,7 +396,12 @@ class BaseTraining:
         })
 
     def save_model(self, directory: Path) -> None:
-        save_model_as(self.model, self.tokenizer, directory, self.settings.save_dtype)
+        """The model, with the tokenizer if it was trained here; a given tokenizer stays where it
+        is (a draft model is loaded with its target's), so the folder holds the model alone."""
+        if self.settings.tokenizer is None:
+            save_model_as(self.model, self.tokenizer, directory, self.settings.save_dtype)
+        else:  # as save_model_as does, less the tokenizer
+            copy.deepcopy(self.model).to(SAVE_DTYPES[self.settings.save_dtype]).save_pretrained(directory)
 
     def run(self) -> None:
         """Train to the end of the schedule, then save the model, its log and its loss curve."""
