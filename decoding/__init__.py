@@ -17,7 +17,7 @@ import types
 
 _HOMES = {
     "DecodingError": "errors",
-    "autoregressive_decode": "generate", "generate": "generate", "medusa_decode": "generate", "stream": "generate",
+    "autoregressive_decode": "generate", "generate": "generate", "speculative_decode": "generate", "stream": "generate",
     "MedusaModel": "model", "available_models": "loading", "embedded_model_title": "loading",
     "embedded_models": "loading", "load_model": "loading",
     "MODEL_REGISTRY": "registry", "RegistryEntry": "registry",

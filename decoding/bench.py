@@ -16,7 +16,8 @@ import torch
 from tqdm import tqdm
 from transformers import GenerationConfig
 
-from .generate import encode_prompt, generate, resolve_tree
+from .drafters import resolve_tree
+from .generate import encode_prompt, generate
 from .model import MedusaModel, padding_id
 from .settings import DecodeSettings
 from .stats import Timing, recording_overhead, rest_of_round_cost, round_cost, speedup, verify_cost

@@ -39,6 +39,9 @@ def _add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice). Use fewer than the cores "
                         "when another job is running: threads fighting over a core are very slow")
+    p.add_argument("--draft-model", default=None,
+                   help="directory or hub id of a small causal LM over the same tokenizer, for the "
+                        "draft-model drafter (default: the one shipped or registered with the model)")
     p.add_argument("--no-pack", action="store_true",
                    help="multiply by the linear layers' weights as stored, not by copies packed once "
                         "for the CPU's matrix library (to compare; packing is faster on a CPU)")
@@ -52,6 +55,12 @@ def _add_decoding_arguments(p: argparse.ArgumentParser, many_trees: bool = False
                    help="preset name, or a choices list as JSON, e.g. '[[0],[0,0],[1]]'"
                         + ("; several to compare them in one run" if many_trees else ""))
     p.add_argument("--num-heads", type=int, default=defaults.num_heads, help="use only the first n heads")
+    p.add_argument("--draft-tokens", type=int, default=defaults.draft_tokens,
+                   help="draft-model: tokens the draft model writes ahead each round")
+    p.add_argument("--lookup-tokens", type=int, default=defaults.lookup_tokens,
+                   help="prompt-lookup: tokens copied at most each round")
+    p.add_argument("--lookup-ngram", type=int, default=defaults.lookup_ngram,
+                   help="prompt-lookup: the longest n-gram matched against the text so far")
     p.add_argument("--acceptance", choices=ACCEPTANCE_SCHEMES, default=defaults.acceptance)
     p.add_argument("--temperature", type=float, default=defaults.temperature)
     p.add_argument("--top-p", type=float, default=defaults.top_p)
@@ -66,7 +75,8 @@ def _settings(args: argparse.Namespace, tree: str | list[list[int]]) -> DecodeSe
         method=getattr(args, "method", DecodeSettings.method), max_new_tokens=args.max_new_tokens,
         acceptance=args.acceptance, temperature=args.temperature, top_p=args.top_p,
         epsilon=args.epsilon, delta=args.delta, seed=args.seed, tree=tree,
-        num_heads=args.num_heads,
+        num_heads=args.num_heads, draft_tokens=args.draft_tokens, lookup_tokens=args.lookup_tokens,
+        lookup_ngram=args.lookup_ngram,
     )
     settings.validate()
     return settings
@@ -89,7 +99,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     _set_threads(args)
     # Plain decoding needs no heads: a model directory without any can still run it.
     mm = load_model(args.model, args.heads, args.device, args.dtype, with_heads=args.method != "ar",
-                    pack_linear=not args.no_pack)
+                    pack_linear=not args.no_pack, draft_model=args.draft_model,
+                    with_draft=args.method == "draft-model")
     trace = generate(mm, args.prompt, settings)
     if args.json:
         print(trace.to_json())

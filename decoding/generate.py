@@ -1,8 +1,9 @@
-"""The round loops: plain autoregressive decoding and Medusa decoding, both traced the same way.
+"""The round loops: plain autoregressive decoding and speculative decoding, traced the same way.
 
     prompt ─ prefill ─▶ root token ─┐
                                     ▼
-        ┌─ draft:   the heads guess the next K tokens, top-k each       (no base-model pass)
+        ┌─ draft:   guess the next few tokens: Medusa's heads (top-k each), a draft model's
+        │           chain, or a copy from earlier in the text          (no base-model pass)
         │  verify:  ONE pass over the whole tree of guesses, tree mask  (the only base pass)
         │  accept:  keep the longest path the base model agrees with, plus its own next token
         └─ compact: keep only the accepted rows in the KV cache ◀───────┘
@@ -21,10 +22,11 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from .acceptance import Verdict, greedy_accept, sampling_distribution, speculative_accept, typical_accept
+from .drafters import Drafter, Proposal, make_drafter
 from .errors import DecodingError
 from .kv_cache import compact_cache, new_cache
 from .model import MedusaModel
-from .passes import decode_one_token, draft, prefill, verify_tree
+from .passes import decode_one_token, prefill, verify_tree
 from .settings import DecodeSettings
 from .trace import RoundTrace, RunSettings, RunTrace
 from .tree import Tree
@@ -80,26 +82,6 @@ def encode_prompt(mm: MedusaModel, prompt: str) -> list[int]:
     return list(ids)
 
 
-def resolve_tree(mm: MedusaModel, settings: DecodeSettings) -> Tree:
-    """The tree to verify each round: a preset or shipped tree by name, or a custom choices list."""
-    if mm.heads is None:
-        raise DecodingError(f"{mm.name} was loaded without Medusa heads: only plain decoding (method ar) can run")
-    num_heads = settings.num_heads or mm.num_heads
-    if num_heads > mm.num_heads:
-        raise DecodingError(f"{mm.name} has {mm.num_heads} heads; cannot use {num_heads}")
-    spec = mm.default_tree if settings.tree == "default" else settings.tree
-    if isinstance(spec, str):
-        if spec not in mm.trees:
-            raise DecodingError(f"unknown tree {spec!r}; known trees: {', '.join(mm.trees)}")
-        tree = Tree.pruned(mm.trees[spec], num_heads, spec)
-    else:
-        tree = Tree.from_choices(spec, num_heads)
-    vocab = mm.heads.guess_vocab_size
-    if tree.top_k > vocab:
-        raise DecodingError(f"the tree reads rank {tree.top_k - 1} but the vocabulary has {vocab} tokens")
-    return tree
-
-
 def choose_token(logits: torch.Tensor, settings: DecodeSettings, generator: torch.Generator) -> int:
     """The base model's own choice from one row of logits: argmax, or a sample."""
     if settings.acceptance == "greedy":
@@ -121,18 +103,22 @@ def accept(
 
 
 def _new_trace(mm: MedusaModel, prompt: str, prompt_ids: list[int], settings: DecodeSettings,
-               tree: Tree | None) -> RunTrace:
+               drafter: Drafter | None) -> RunTrace:
+    medusa = settings.method == "medusa"
     run_settings = RunSettings(
         method=settings.method, max_new_tokens=settings.max_new_tokens,
         acceptance=settings.acceptance, temperature=settings.temperature, top_p=settings.top_p,
         epsilon=settings.epsilon, delta=settings.delta, seed=settings.seed,
-        tree=None if tree is None else tree.name,
-        num_heads=None if tree is None else (settings.num_heads or mm.num_heads),
+        tree=None if drafter is None else drafter.tree.name,
+        num_heads=(settings.num_heads or mm.num_heads) if medusa else None,
+        draft_tokens=settings.draft_tokens if settings.method == "draft-model" else None,
+        lookup_tokens=settings.lookup_tokens if settings.method == "prompt-lookup" else None,
+        lookup_ngram=settings.lookup_ngram if settings.method == "prompt-lookup" else None,
     )
     return RunTrace(
         model=mm.name, device=str(mm.device), dtype=str(mm.dtype).removeprefix("torch."),
         settings=run_settings, prompt=prompt, prompt_tokens=prompt_ids,
-        tree=None if tree is None else tree.to_trace(), detailed=settings.detailed_trace,
+        tree=None if drafter is None else drafter.tree.to_trace(), detailed=settings.detailed_trace,
     )
 
 
@@ -182,7 +168,7 @@ def _hand_over(trace: RunTrace, clock: Stopwatch) -> Iterator[RunTrace]:
 def autoregressive_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings) -> Iterator[RunTrace]:
     """One pass per token: the baseline Medusa must match (greedy) and beat (speed)."""
     prompt_ids = encode_prompt(mm, prompt)
-    trace = _new_trace(mm, prompt, prompt_ids, settings, None)
+    trace = _new_trace(mm, prompt, prompt_ids, settings, drafter=None)
     generator = _make_generator(settings.seed)
     clock = Stopwatch(mm.device)
     clock.resume()
@@ -215,11 +201,11 @@ def autoregressive_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings
     yield trace
 
 
-# ----- Medusa decoding -----
-def _detail(mm: MedusaModel, tree: Tree, round_trace: RoundTrace, node_tokens: torch.Tensor,
-            logits: torch.Tensor, top_tokens: torch.Tensor, top_probs: torch.Tensor,
-            accepted: list[int], root: int) -> None:
-    """Fill in what the UI shows for a round: heads' guesses, and the base model at every node."""
+# ----- speculative decoding: Medusa, a draft model, prompt lookup -----
+def _detail(mm: MedusaModel, drafter: Drafter, round_trace: RoundTrace, proposal: Proposal,
+            logits: torch.Tensor, accepted: list[int], root: int) -> None:
+    """Fill in what the UI shows for a round: the drafter's guesses, and the base model at every node."""
+    tree, node_tokens = proposal.tree, proposal.tokens
     # Probabilities from log-sum-exp: no (T, V) softmax table is built just to read T numbers.
     logits = logits.float()
     log_norm = logits.logsumexp(dim=-1)
@@ -228,12 +214,14 @@ def _detail(mm: MedusaModel, tree: Tree, round_trace: RoundTrace, node_tokens: t
     parents = torch.tensor(tree.parents[1:], dtype=torch.long, device=logits.device)
     node_probs = torch.exp(logits[parents, node_tokens[1:]] - log_norm[parents])
     # One transfer to the CPU for everything, rather than one per number.
-    tokens, best, best_p, node_p, head_t, head_p = (
-        x.cpu().tolist() for x in (node_tokens, base_tokens, base_probs, node_probs, top_tokens, top_probs)
-    )
+    tokens, best, best_p, node_p = (x.cpu().tolist() for x in (node_tokens, base_tokens, base_probs, node_probs))
     round_trace.root_token = root
-    round_trace.heads_topk_tokens, round_trace.heads_topk_probs = head_t, head_p
+    if proposal.guesses is not None:
+        round_trace.heads_topk_tokens = proposal.guesses.cpu().tolist()
+    if proposal.guess_probs is not None:
+        round_trace.heads_topk_probs = proposal.guess_probs.cpu().tolist()
     round_trace.node_tokens, round_trace.node_texts = tokens, [mm.token_text(t) for t in tokens]
+    round_trace.node_sources = ["base"] + [drafter.name] * (len(tokens) - 1)
     round_trace.node_base_probs = [None] + node_p
     round_trace.base_argmax_tokens = best
     round_trace.base_argmax_texts = [mm.token_text(t) for t in best]
@@ -241,35 +229,21 @@ def _detail(mm: MedusaModel, tree: Tree, round_trace: RoundTrace, node_tokens: t
     round_trace.accepted_nodes = accepted
 
 
-def _cut(tree: Tree, depth: int, device: torch.device) -> tuple[Tree, torch.Tensor]:
-    """The tree without nodes deeper than `depth`, and its draft index: the nodes that fit."""
-    cut = tree.cut(depth)
-    return cut, cut.draft_index.to(device)
-
-
-def _guesses(mm: MedusaModel, hidden: torch.Tensor, tree: Tree, root: int,
-             with_probs: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The heads' top-k table for the tree; an empty one for a root-only tree, which reads no head."""
-    if tree.max_depth == 0:
-        empty = torch.empty(0, 1, device=mm.device)
-        return empty.long(), empty if with_probs else None
-    return draft(mm, hidden, tree, root, with_probs=with_probs)
-
-
 @torch.inference_mode()
-def medusa_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings) -> Iterator[RunTrace]:
-    """Draft with the heads, verify the whole tree in one pass, accept, compact; repeat."""
+def speculative_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings) -> Iterator[RunTrace]:
+    """Draft a tree of guesses, verify it in one pass, accept, compact; repeat. Any drafter."""
     prompt_ids = encode_prompt(mm, prompt)
-    tree = resolve_tree(mm, settings)
-    trace = _new_trace(mm, prompt, prompt_ids, settings, tree)
+    drafter = make_drafter(mm, settings)
+    trace = _new_trace(mm, prompt, prompt_ids, settings, drafter)
     generator = _make_generator(settings.seed)
-    draft_index = tree.draft_index.to(mm.device)
     clock = Stopwatch(mm.device)
     clock.resume()
     cache = new_cache(mm.model.config, for_trees=True)
-    logits, hidden = prefill(mm, prompt_ids, cache, want_hidden=True)
+    logits, hidden = prefill(mm, prompt_ids, cache, want_hidden=drafter.reads_hidden)
+    drafter.begin(prompt_ids)
     root = _start(mm, trace, clock, logits, settings, generator)
     produced = 1
+    trace.drafter = drafter.info()
     yield from _hand_over(trace, clock)
     while not trace.stop_reason:
         past = cache.get_seq_length()
@@ -279,24 +253,23 @@ def medusa_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings) -> Ite
         if room < 1:
             trace.stop_reason = "context_limit"
             break
-        round_tree, round_index = (tree, draft_index) if room > tree.max_depth else _cut(tree, room - 1, mm.device)
         start = clock.read()
-        # Draft: the heads read the hidden state of the token *before* the root (the one whose
+        # Medusa's heads read the hidden state of the token *before* the root (the one whose
         # logits chose the root), so head k guesses the token k places after the root.
-        top_tokens, top_probs = _guesses(mm, hidden, round_tree, root, settings.detailed_trace)
-        root_tensor = torch.tensor([root], device=mm.device)
-        node_tokens = torch.cat([root_tensor, top_tokens.flatten()[round_index]])
+        proposal = drafter.propose(root, hidden, room - 1, settings.detailed_trace)
         drafted = clock.read()
-        logits, hidden_all = verify_tree(mm, round_tree, node_tokens, cache)
+        logits, hidden_all = verify_tree(mm, proposal.tree, proposal.tokens, cache, want_hidden=drafter.reads_hidden)
         verified = clock.read()
-        node_list = node_tokens.tolist()
-        verdict = accept(round_tree, node_list, logits, settings, generator)
+        node_list = proposal.tokens.tolist()
+        verdict = accept(proposal.tree, node_list, logits, settings, generator)
         compact_cache(cache, past, verdict.accepted_nodes)
         # The next round's heads read the hidden state at the last accepted node: the very
         # position whose logits chose the next root. No extra pass is needed.
-        hidden = hidden_all[verdict.accepted_nodes[-1]]
+        hidden = None if hidden_all is None else hidden_all[verdict.accepted_nodes[-1]]
+        written = [node_list[n] for n in verdict.accepted_nodes]
+        drafter.advance(written)
         accepted_done = clock.read()
-        new_tokens = [node_list[n] for n in verdict.accepted_nodes[1:]] + [verdict.next_token]
+        new_tokens = written[1:] + [verdict.next_token]
         kept, trace.stop_reason = _cut_at_stop(mm, new_tokens, produced, settings.max_new_tokens)
         produced += len(kept)
         round_trace = RoundTrace(
@@ -305,11 +278,11 @@ def medusa_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings) -> Ite
             emitted_from_heads=[i < len(new_tokens) - 1 for i in range(len(kept))],
             time_draft=drafted - start, time_verify=verified - drafted,
             time_accept=accepted_done - verified, t_end=0.0,
+            draft_passes=proposal.draft_passes, copied_from=proposal.copied_from,
             next_token=verdict.next_token, next_text=mm.token_text(verdict.next_token),
         )
         if settings.detailed_trace:
-            _detail(mm, round_tree, round_trace, node_tokens, logits, top_tokens, top_probs,
-                    verdict.accepted_nodes, root)
+            _detail(mm, drafter, round_trace, proposal, logits, verdict.accepted_nodes, root)
         round_trace.t_end = clock.read()
         round_trace.time_trace = round_trace.t_end - accepted_done
         trace.rounds.append(round_trace)
@@ -317,13 +290,14 @@ def medusa_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings) -> Ite
         yield from _hand_over(trace, clock)
     trace.total_time = clock.read()
     clock.pause()
+    trace.drafter = drafter.info()  # again: a draft model's cache has grown since the start
     yield trace
 
 
 def stream(mm: MedusaModel, prompt: str, settings: DecodeSettings) -> Iterator[RunTrace]:
     """Yield the run's trace as it grows; the last one yielded has `stop_reason` set."""
     settings.validate()
-    decode = medusa_decode if settings.method == "medusa" else autoregressive_decode
+    decode = autoregressive_decode if settings.method == "ar" else speculative_decode
     yield from decode(mm, prompt, settings)
 
 

@@ -113,6 +113,7 @@ class _Sources:
     heads: Path
     prompt_template: str = "{prompt}"
     tree: str | None = None
+    draft: str | Path | None = None  # a draft model for the draft-model drafter, if one is known
 
 
 def _resolve(name_or_path: str | None, heads: str | None) -> _Sources:
@@ -127,7 +128,7 @@ def _resolve(name_or_path: str | None, heads: str | None) -> _Sources:
         entry = MODEL_REGISTRY[name]
         heads_dir = _download(entry.heads)
         base = entry.base if entry.base else heads_dir
-        return _Sources(name, base, heads_dir, entry.prompt_template, entry.tree)
+        return _Sources(name, base, heads_dir, entry.prompt_template, entry.tree, entry.draft)
     if name_or_path is None:
         raise DecodingError(
             f"the embedded model is missing from {EMBEDDED_MODELS_DIR / DEFAULT_MODEL}; "
@@ -188,6 +189,42 @@ def _load_base(source: str | Path, device: torch.device, dtype: torch.dtype) -> 
     return model.to(device).eval().requires_grad_(False)
 
 
+DRAFT_DIR = "draft"  # a model directory's draft model, for the draft-model drafter
+DRAFT_KEY = "draft_model"  # or the heads config names one, relative to the heads directory
+
+
+def _shipped_draft(heads_dir: Path, meta: dict) -> Path | None:
+    """The draft model shipped beside the heads: `draft/`, or the one the heads config names."""
+    if (heads_dir / DRAFT_DIR).is_dir():
+        return heads_dir / DRAFT_DIR
+    if meta.get(DRAFT_KEY):
+        return (heads_dir / meta[DRAFT_KEY]).resolve()
+    return None
+
+
+def load_draft_model(base: MedusaModel, source: str | Path, pack_linear: bool = True) -> MedusaModel:
+    """A small causal LM that drafts for `base`: a directory or hub id. It must share the base's
+    tokenizer; it is used with that tokenizer, on the base's device and dtype."""
+    path = Path(source)
+    if not path.is_dir():
+        if not _is_hub_id(str(source)):
+            raise DecodingError(f"draft model {source!s}: not a directory and not a hub id (owner/name)")
+        path = _download(str(source))
+    model = _load_base(path, base.device, base.dtype)
+    draft_vocab, base_vocab = model.config.get_text_config().vocab_size, base.model.config.get_text_config().vocab_size
+    if draft_vocab != base_vocab:
+        raise DecodingError(
+            f"draft model {source!s} has a vocabulary of {draft_vocab} tokens but {base.name} has "
+            f"{base_vocab}: a draft model must share the base model's tokenizer")
+    if pack_linear:
+        pack_linear_layers(model)
+    return MedusaModel(
+        name=f"{base.name} draft" if path.name == DRAFT_DIR else str(source), model=model,
+        tokenizer=base.tokenizer, heads=None, device=base.device, dtype=base.dtype,
+        context_length=_context_length(model.config), trees={}, default_tree="",
+        eos_token_ids=base.eos_token_ids)
+
+
 def load_model(
     name_or_path: str | None = None,
     heads: str | None = None,
@@ -196,6 +233,8 @@ def load_model(
     self_test: bool = True,
     with_heads: bool = True,
     pack_linear: bool = True,
+    draft_model: str | None = None,
+    with_draft: bool = True,
 ) -> MedusaModel:
     """Load a model and its heads by embedded name, registry name, local directory or hub id.
 
@@ -204,7 +243,9 @@ def load_model(
     `with_heads`, the model is loaded for plain decoding alone and no heads are looked for.
     With `pack_linear`, the base model's linear layers multiply by weights packed once for the
     CPU's matrix library where that works (see `packed_linear.py`): plain decoding and Medusa
-    alike then run on the fastest path there is.
+    alike then run on the fastest path there is. With `with_draft`, the draft model named by
+    `draft_model`, or else the one shipped or registered with the model if any, is loaded too
+    (`MedusaModel.draft`), for the draft-model drafter.
     """
     sources = _resolve(name_or_path, heads)
     torch_device = resolve_device(device)
@@ -235,4 +276,7 @@ def load_model(
     )
     if self_test:
         check_tree_attention(loaded)
+    draft_source = draft_model or sources.draft or _shipped_draft(sources.heads, meta)
+    if with_draft and draft_source is not None:
+        loaded.draft = load_draft_model(loaded, draft_source, pack_linear)
     return loaded

@@ -36,6 +36,9 @@ class MedusaModel:
     prompt_template: str = "{prompt}"
     # Chat models read a prompt wrapped in their tokenizer's chat template (see encode_prompt).
     use_chat_template: bool = False
+    # A smaller model over the same tokenizer, for the draft-model drafter (itself a MedusaModel
+    # without heads); None when there is none.
+    draft: MedusaModel | None = None
     _token_texts: dict[int, str] = field(default_factory=dict, repr=False)
 
     def __setattr__(self, name: str, value: object) -> None:

@@ -145,8 +145,8 @@ def tree_inputs(
 
 
 def verify_tree(
-    mm: MedusaModel, tree: Tree, node_tokens: torch.Tensor, cache: DynamicCache
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One forward pass over all T tree nodes: logits (T, V) and hidden states (T, H)."""
+    mm: MedusaModel, tree: Tree, node_tokens: torch.Tensor, cache: DynamicCache, want_hidden: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One forward pass over all T tree nodes: logits (T, V) and, if wanted, hidden states (T, H)."""
     mask, positions = tree_inputs(mm, tree, cache)
-    return run_model(mm, node_tokens, cache, mask, positions, want_hidden=True)
+    return run_model(mm, node_tokens, cache, mask, positions, want_hidden=want_hidden)

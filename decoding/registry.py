@@ -13,6 +13,9 @@ VICUNA_TEMPLATE = (
     "gives helpful, detailed, and polite answers to the user's questions. USER: {prompt} ASSISTANT:"
 )
 ZEPHYR_TEMPLATE = "<|user|>\n{prompt}</s>\n<|assistant|>\n"
+# A 68M-parameter Llama distilled from Vicuna's answers, over the same tokenizer: the draft model
+# transformers' assisted generation docs and SpecInfer use for Vicuna.
+VICUNA_DRAFT = "double7/vicuna-68m"
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,8 @@ class RegistryEntry:
     weights_gb: float  # the model's weights in fp16/bf16, the dtype a GPU runs it in
     prompt_template: str = "{prompt}"
     tree: str = "mc_sim_7b_63"
+    # A small model over the same tokenizer, for the draft-model drafter (a hub id), if one is known.
+    draft: str | None = None
 
     def fits(self, gpu_memory_gb: float) -> bool:
         """Whether a GPU of this size holds the weights, with a fifth more for the KV cache and activations."""
@@ -38,6 +43,7 @@ MODEL_REGISTRY: dict[str, RegistryEntry] = {
         description="Vicuna-7B v1.3 with the paper's 5 Medusa-1 heads (about 14 GB in fp16)",
         weights_gb=14,
         prompt_template=VICUNA_TEMPLATE,
+        draft=VICUNA_DRAFT,
     ),
     "medusa-vicuna-13b-v1.3": RegistryEntry(
         heads="FasterDecoding/medusa-vicuna-13b-v1.3",
@@ -46,6 +52,7 @@ MODEL_REGISTRY: dict[str, RegistryEntry] = {
         description="Vicuna-13B v1.3 with 5 Medusa-1 heads (about 26 GB in fp16)",
         weights_gb=26,
         prompt_template=VICUNA_TEMPLATE,
+        draft=VICUNA_DRAFT,
     ),
     "medusa-vicuna-33b-v1.3": RegistryEntry(
         heads="FasterDecoding/medusa-vicuna-33b-v1.3",
@@ -54,6 +61,7 @@ MODEL_REGISTRY: dict[str, RegistryEntry] = {
         description="Vicuna-33B v1.3 with 5 Medusa-1 heads (about 65 GB in fp16)",
         weights_gb=65,
         prompt_template=VICUNA_TEMPLATE,
+        draft=VICUNA_DRAFT,
     ),
     "medusa-1.0-vicuna-7b-v1.5": RegistryEntry(
         heads="FasterDecoding/medusa-1.0-vicuna-7b-v1.5",
@@ -62,6 +70,7 @@ MODEL_REGISTRY: dict[str, RegistryEntry] = {
         description="Vicuna-7B v1.5 trained jointly with its heads (Medusa-2)",
         weights_gb=14,
         prompt_template=VICUNA_TEMPLATE,
+        draft=VICUNA_DRAFT,
     ),
     "medusa-1.0-zephyr-7b-beta": RegistryEntry(
         heads="FasterDecoding/medusa-1.0-zephyr-7b-beta",

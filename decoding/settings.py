@@ -6,10 +6,13 @@ from dataclasses import dataclass
 
 from .errors import DecodingError
 
-METHODS = ("medusa", "ar")
+# "ar" is plain decoding; the others name a drafter (see drafters/).
+METHODS = ("medusa", "ar", "draft-model", "prompt-lookup")
 ACCEPTANCE_SCHEMES = ("greedy", "typical", "sample")
 # A run longer than this is almost certainly a typo, and would tie up a shared GPU for minutes.
 MAX_NEW_TOKENS_LIMIT = 4096
+# A chain longer than this is verified at a cost no guess rate repays.
+MAX_DRAFT_TOKENS = 64
 
 
 @dataclass
@@ -28,6 +31,9 @@ class DecodeSettings:
     # model's own default, or a Medusa choices list such as [[0], [0, 0], [1]].
     tree: str | list[list[int]] = "default"
     num_heads: int | None = None  # use only the first n heads (cuts the tree to depth n)
+    draft_tokens: int = 4  # draft-model: tokens the draft model writes ahead each round
+    lookup_tokens: int = 10  # prompt-lookup: tokens copied at most each round (transformers' default)
+    lookup_ngram: int = 2  # prompt-lookup: the longest n-gram matched (transformers' default)
     detailed_trace: bool = True
 
     def validate(self) -> None:
@@ -55,5 +61,9 @@ class DecodeSettings:
             raise DecodingError(f"delta must be in [0, 1], not {self.delta}")
         if self.num_heads is not None and self.num_heads < 1:
             raise DecodingError(f"num_heads must be at least 1, not {self.num_heads}")
+        for name in ("draft_tokens", "lookup_tokens", "lookup_ngram"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DRAFT_TOKENS:
+                raise DecodingError(f"{name} must be a whole number from 1 to {MAX_DRAFT_TOKENS}, not {value!r}")
         if self.seed is not None and not 0 <= self.seed < 2**64:  # what torch's generator takes
             raise DecodingError(f"seed must be a whole number from 0 to 2**64 - 1, not {self.seed}")

@@ -69,8 +69,11 @@ def tiny_model(arch: str = "llama", vocab_size: int = 320, seed: int = 0, hidden
 
 def make_tiny_model_dir(path: str | Path, arch: str = "llama", num_heads: int = 4,
                         vocab_size: int = 320, seed: int = 0) -> Path:
-    """Write a loadable model directory: config, weights, tokenizer and (untrained) heads."""
+    """Write a loadable model directory: config, weights, tokenizer, (untrained) heads, and a
+    draft model in `draft/` (a smaller random Llama over the same vocabulary)."""
     path = Path(path)
+    draft = tiny_model("llama", vocab_size, seed + 1, hidden=32, layers=1)
+    draft.save_pretrained(path / "draft")
     model = tiny_model(arch, vocab_size, seed)
     model.generation_config.eos_token_id = None  # random models hit EOS by chance; let them run
     model.save_pretrained(path)

@@ -53,14 +53,27 @@ class TreeTrace:
 
 
 @dataclass
+class DrafterInfo:
+    """Where a run's guesses came from, and what that costs in memory (see drafters/)."""
+
+    name: str  # "medusa", "draft-model" or "prompt-lookup"
+    description: str
+    parameters: int  # the drafter's trained parameters: heads, or a whole second model; 0 for lookup
+    weight_bytes: int
+    # The draft model's own KV cache at the end of the run (bytes): memory Medusa does not need.
+    cache_bytes: int = 0
+
+
+@dataclass
 class RoundTrace:
     """One round. For AR runs the tree fields are empty and `emitted_tokens` holds one token."""
 
     index: int
     # Position in the sequence (prompt + output so far) at which this round's root sits.
     position: int
-    # Tokens this round added to the output, in order: accepted head guesses, then the base
-    # model's own next token ("bonus"). `emitted_from_heads` says which of them were guesses.
+    # Tokens this round added to the output, in order: accepted guesses, then the base model's
+    # own next token ("bonus"). `emitted_from_heads` says which of them were guesses (by the
+    # heads, or by whichever drafter the run used).
     emitted_tokens: list[int]
     emitted_texts: list[str]
     emitted_from_heads: list[bool]
@@ -73,16 +86,23 @@ class RoundTrace:
     # Seconds spent recording this round's details for the UI (0 when tracing is off): the
     # price of watching, kept apart so it can be reported.
     time_trace: float = 0.0
-    # --- Medusa only (empty for AR runs or when detailed tracing is off) ---
+    # Forward passes of a draft model this round (draft-model runs); `time_draft` is their cost.
+    draft_passes: int = 0
+    # Prompt lookup: the position in the sequence (prompt + output) its guesses were copied from.
+    copied_from: int | None = None
+    # --- speculative runs only (empty for AR runs or when detailed tracing is off) ---
     root_token: int | None = None
     # heads_topk_tokens[h][r]: head h+1's rank-r token, for the heads the tree reads (1..its depth);
-    # probs are the head's softmax probability.
+    # probs are the head's softmax probability. For a draft model, its guess h+1 steps ahead and
+    # its probability; for prompt lookup the copied tokens, with no probability (empty).
     heads_topk_tokens: list[list[int]] = field(default_factory=list)
     heads_topk_probs: list[list[float]] = field(default_factory=list)
     # Per tree node: its token, that token's text, the base model's probability of that token
     # given the node's parent (None for the root), and the base model's own top choice *after*
     # the node (argmax of the verify logits at that node) with its probability.
     node_tokens: list[int] = field(default_factory=list)
+    # Who proposed each node: "base" for the root (the base model's own token), else the drafter.
+    node_sources: list[str] = field(default_factory=list)
     node_texts: list[str] = field(default_factory=list)
     node_base_probs: list[float | None] = field(default_factory=list)
     base_argmax_tokens: list[int] = field(default_factory=list)
@@ -112,7 +132,7 @@ class RoundTrace:
 class RunSettings:
     """What the user asked for; enough to reproduce the run."""
 
-    method: str  # "medusa" or "ar"
+    method: str  # "ar", or the drafter: "medusa", "draft-model" or "prompt-lookup"
     max_new_tokens: int
     acceptance: str  # "greedy", "typical" or "sample"
     temperature: float
@@ -122,6 +142,9 @@ class RunSettings:
     seed: int | None
     tree: str | None
     num_heads: int | None
+    draft_tokens: int | None = None
+    lookup_tokens: int | None = None
+    lookup_ngram: int | None = None
 
 
 @dataclass
@@ -135,6 +158,7 @@ class RunTrace:
     prompt: str
     prompt_tokens: list[int]
     tree: TreeTrace | None = None
+    drafter: DrafterInfo | None = None
     rounds: list[RoundTrace] = field(default_factory=list)
     # The first token comes out of the prefill pass (before any round).
     prefill_token: int | None = None
@@ -208,6 +232,8 @@ class RunTrace:
         fields["settings"] = RunSettings(**fields["settings"])
         if fields.get("tree") is not None:
             fields["tree"] = TreeTrace(**fields["tree"])
+        if fields.get("drafter") is not None:
+            fields["drafter"] = DrafterInfo(**fields["drafter"])
         fields["rounds"] = [RoundTrace(**r) for r in fields.get("rounds", [])]
         return cls(**fields)
 

@@ -170,26 +170,38 @@ def word_model() -> MedusaModel:
     model = LlamaForCausalLM(config).eval()
     heads = MedusaHeads(HeadsConfig(2, 1, 32, len(WORDS)))
     heads.init_from_lm_head(model.lm_head)  # guesses that are often, not always, right
-    return MedusaModel(
-        name="words", model=model, tokenizer=tokenizer, heads=heads.eval(), device=torch.device("cpu"),
-        dtype=torch.float32, context_length=64, trees={"full": [[0], [1], [0, 0], [0, 1], [1, 0], [1, 1]]},
-        default_tree="full", eos_token_ids=frozenset(),
-    )
+    common = dict(tokenizer=tokenizer, device=torch.device("cpu"), dtype=torch.float32, context_length=64,
+                  eos_token_ids=frozenset())
+    # A draft model: another model of the same shape, whose argmax is sometimes the base's.
+    draft = MedusaModel(name="words draft", model=LlamaForCausalLM(config).eval(), heads=None, trees={},
+                        default_tree="", **common)
+    return MedusaModel(name="words", model=model, heads=heads.eval(), draft=draft,
+                       trees={"full": [[0], [1], [0, 0], [0, 1], [1, 0], [1, 1]]}, default_tree="full", **common)
 
 
-def test_speculative_sampling_end_to_end(word_model):
-    """Token 1 comes from the prefill, token 2 from a round over the tree."""
-    prompt_ids = word_model.tokenizer("a b c").input_ids
+PROMPT = "a b c a b"  # it repeats itself, so prompt lookup has something to copy
+
+
+@pytest.mark.parametrize("method", ["medusa", "draft-model", "prompt-lookup"])
+def test_speculative_sampling_end_to_end(word_model, method):
+    """Token 1 comes from the prefill, token 2 from a round over the drafter's guesses: whatever
+    drafts them, the pair has the base model's distribution."""
+    prompt_ids = word_model.tokenizer(PROMPT).input_ids
     probs = {}
     with torch.no_grad():
         for pair in itertools.product(range(len(WORDS)), repeat=2):
             rows = word_model.model(torch.tensor([prompt_ids + list(pair)])).logits[0].tolist()
             probs[pair] = (nucleus(rows[len(prompt_ids) - 1])[pair[0]] * nucleus(rows[len(prompt_ids)])[pair[1]])
     counts: dict[tuple[int, ...], int] = {}
+    guessed = 0
     for seed in range(SAMPLES):
-        settings = DecodeSettings(max_new_tokens=2, acceptance="sample", temperature=TEMPERATURE, top_p=TOP_P,
-                                  seed=seed, detailed_trace=False)
-        pair = tuple(generate(word_model, "a b c", settings).tokens)
+        settings = DecodeSettings(method=method, max_new_tokens=2, acceptance="sample", temperature=TEMPERATURE,
+                                  top_p=TOP_P, seed=seed, detailed_trace=False)
+        trace = generate(word_model, PROMPT, settings)
+        pair = tuple(trace.tokens)
         counts[pair] = counts.get(pair, 0) + 1
+        guessed += trace.rounds[0].emitted_from_heads[0]
+    # Not a vacuous pass: a good share of the second tokens were the drafter's guesses.
+    assert guessed >= SAMPLES // 30, f"only {guessed} of {SAMPLES} second tokens were guesses"
     stat, dof = chi_square(counts, probs, SAMPLES)
     assert stat < chi2_critical(dof), f"chi2 {stat:.1f} with {dof} dof"

@@ -1,0 +1,29 @@
+"""Drafters: where a round's guesses come from. One loop verifies them all (see base.py)."""
+
+from __future__ import annotations
+
+from ..errors import DecodingError
+from ..model import MedusaModel
+from ..settings import DecodeSettings
+from .base import Drafter, Proposal
+from .draft_model import DraftModelDrafter
+from .medusa_heads import MedusaHeadsDrafter, resolve_tree
+from .prompt_lookup import PromptLookupDrafter, find_continuation
+
+__all__ = ["Drafter", "DraftModelDrafter", "MedusaHeadsDrafter", "PromptLookupDrafter", "Proposal",
+           "find_continuation", "make_drafter", "resolve_tree"]
+
+
+def make_drafter(mm: MedusaModel, settings: DecodeSettings) -> Drafter:
+    """The drafter a run's method names, set up for `mm`."""
+    if settings.method == "medusa":
+        return MedusaHeadsDrafter(mm, resolve_tree(mm, settings))
+    if settings.method == "draft-model":
+        if mm.draft is None:
+            raise DecodingError(
+                f"{mm.name} has no draft model: pass --draft-model with a small causal LM that "
+                "shares its tokenizer (a directory or hub id)")
+        return DraftModelDrafter(mm.draft, settings.draft_tokens)
+    if settings.method == "prompt-lookup":
+        return PromptLookupDrafter(mm.device, settings.lookup_tokens, settings.lookup_ngram)
+    raise DecodingError(f"method {settings.method!r} has no drafter")

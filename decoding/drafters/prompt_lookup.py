@@ -1,0 +1,55 @@
+"""The `prompt-lookup` drafter: copy what followed the same words earlier in the text.
+
+Find the last few tokens (an n-gram, longest first) earlier in the prompt or the answer so far,
+and guess that what followed them then follows them now. No model and no training: it pays when
+the answer repeats its input (summaries, edits, code), and costs a longer verify pass when it
+does not. The matching rule is transformers' prompt lookup decoding: the longest n-gram up to
+`max_ngram`, its first occurrence that has a continuation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..trace import DrafterInfo
+from .base import Drafter, Proposal, chain_proposal, chain_tree, root_only
+
+
+def find_continuation(sequence: list[int], max_ngram: int, length: int) -> tuple[list[int], int | None]:
+    """Up to `length` tokens that followed an earlier occurrence of the sequence's last n-gram,
+    and where they start; ([], None) when no n-gram from `max_ngram` down to 1 recurs."""
+    end = len(sequence)
+    for n in range(min(max_ngram, end - 1), 0, -1):
+        tail = sequence[-n:]
+        for start in range(end - n):  # the tail itself (start = end - n) has no continuation
+            if sequence[start:start + n] == tail:
+                follow = start + n
+                return sequence[follow:min(follow + length, end)], follow
+    return [], None
+
+
+class PromptLookupDrafter(Drafter):
+    name = "prompt-lookup"
+
+    def __init__(self, device: torch.device, length: int, max_ngram: int) -> None:
+        self.device, self.length, self.max_ngram = device, length, max_ngram
+        self.tree = chain_tree(length)
+        self.written: list[int] = []
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self.written = list(prompt_ids)
+
+    def propose(self, root: int, hidden: torch.Tensor | None, max_depth: int, with_probs: bool) -> Proposal:
+        copied, start = find_continuation(self.written + [root], self.max_ngram, min(self.length, max_depth))
+        if not copied:
+            return root_only(self.tree, root, self.device)
+        proposal = chain_proposal(self.tree, root, copied, self.device)
+        proposal.copied_from = start
+        return proposal
+
+    def advance(self, written: list[int]) -> None:
+        self.written += written
+
+    def info(self) -> DrafterInfo:
+        return DrafterInfo(self.name, f"copies up to {self.length} tokens after a repeated "
+                           f"{self.max_ngram}-gram (or shorter) of the text so far", 0, 0)
