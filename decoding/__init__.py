@@ -21,7 +21,7 @@ _HOMES = {
     "MedusaModel": "model", "available_models": "loading", "embedded_model_title": "loading",
     "embedded_models": "loading", "load_model": "loading",
     "MODEL_REGISTRY": "registry", "RegistryEntry": "registry",
-    "DecodeSettings": "settings",
+    "DecodeSettings": "settings", "available_drafters": "drafters",
     "RoundTrace": "trace", "RunSettings": "trace", "RunTrace": "trace", "TreeTrace": "trace",
     "TREE_PRESETS": "tree", "Tree": "tree",
 }

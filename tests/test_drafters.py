@@ -172,3 +172,11 @@ def test_draft_model_stops_guessing_past_its_context(tiny_llama):
     trace = generate(run_mm, "abc", DecodeSettings(method="draft-model", max_new_tokens=40))
     assert trace.tokens == reference_greedy(tiny_llama, "abc", 40)
     assert trace.rounds[-1].tree_size == 1 and trace.rounds[0].tree_size > 1
+
+
+def test_available_drafters(tiny_llama):
+    from decoding import available_drafters
+
+    assert available_drafters(tiny_llama) == ["medusa", "draft-model", "prompt-lookup"]
+    bare = dataclasses.replace(tiny_llama, heads=None, draft=None, _token_texts={})
+    assert available_drafters(bare) == ["prompt-lookup"]

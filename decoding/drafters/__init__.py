@@ -11,7 +11,13 @@ from .medusa_heads import MedusaHeadsDrafter, resolve_tree
 from .prompt_lookup import PromptLookupDrafter, find_continuation
 
 __all__ = ["Drafter", "DraftModelDrafter", "MedusaHeadsDrafter", "PromptLookupDrafter", "Proposal",
-           "find_continuation", "make_drafter", "resolve_tree"]
+           "available_drafters", "find_continuation", "make_drafter", "resolve_tree"]
+
+
+def available_drafters(mm: MedusaModel) -> list[str]:
+    """The drafters `mm` can run: heads and a draft model only where it has them."""
+    return [name for name, present in (("medusa", mm.heads is not None), ("draft-model", mm.draft is not None),
+                                       ("prompt-lookup", True)) if present]
 
 
 def make_drafter(mm: MedusaModel, settings: DecodeSettings) -> Drafter:
