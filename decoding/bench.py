@@ -1,10 +1,15 @@
-"""`python -m decoding bench`: plain decoding vs Medusa, measured side by side in one process.
+"""`python -m decoding bench`: plain decoding vs each drafter, measured side by side in one process.
 
 Machines are noisy, so nothing is compared across runs: after a warm-up, every prompt is decoded
-by AR and by Medusa (with and without detailed tracing) in alternating order, and the ratios come
-from totals gathered in the same minutes. Several trees can be compared in one run. Every figure
-(speedup, round cost and its parts, trace cost) is computed by `stats.py`, the definitions the
-page uses, so the table and the page print the same numbers under the same names.
+by plain (AR) decoding and by every lane (a drafter with its settings: Medusa with each tree asked
+for, a draft model, prompt lookup), with and without detailed tracing, in alternating order, and
+the ratios come from totals gathered in the same minutes. Every figure (speedup, round cost and its
+parts, trace cost) is computed by `stats.py`, the definitions the page uses, so the table and the
+page print the same numbers under the same names.
+
+With `compare_transformers`, the library's own decoders run on the same inputs beside ours: plain
+`generate`, assisted generation with the same draft model and draft length, and prompt lookup with
+the same lengths. They are the peers our lanes must match in output and speed.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import torch
 from tqdm import tqdm
 from transformers import GenerationConfig
 
-from .drafters import resolve_tree
+from .drafters import make_drafter
 from .generate import encode_prompt, generate
 from .model import MedusaModel, padding_id
 from .settings import DecodeSettings
@@ -25,14 +30,27 @@ from .trace import RunTrace
 
 
 @dataclass
-class TreeRuns:
-    """One tree's runs: traced as the page records them, and untraced (nothing recorded)."""
+class LaneRuns:
+    """One lane's runs: traced as the page records them, and untraced (nothing recorded); and,
+    when compared, the library's own runs of the same decoder."""
 
+    settings: DecodeSettings
     tree: str
     tree_size: int
     traced: list[RunTrace] = field(default_factory=list)
     untraced: list[RunTrace] = field(default_factory=list)
     identical: bool = True
+    library_tokens: int = 0
+    library_seconds: float = 0.0
+    library_identical: bool = True
+
+    @property
+    def drafter(self) -> str:
+        return self.settings.method
+
+    @property
+    def label(self) -> str:
+        return f"{self.drafter} {self.tree}"
 
 
 def method_figures(timing: Timing) -> dict:
@@ -42,8 +60,8 @@ def method_figures(timing: Timing) -> dict:
             "seconds_per_round": timing.seconds_per_round}
 
 
-def tree_figures(runs: TreeRuns, ar: Timing, acceptance: str) -> dict:
-    """One tree's row of the report, every figure defined in `stats.py`.
+def lane_figures(runs: LaneRuns, ar: Timing, acceptance: str) -> dict:
+    """One lane's row of the report, every figure defined in `stats.py`.
 
     The speedup and tokens per pass come from the traced runs (the page's figures); the round
     costs from the untraced ones, so that recording is not counted: speedup ≈ mean_accepted /
@@ -51,8 +69,8 @@ def tree_figures(runs: TreeRuns, ar: Timing, acceptance: str) -> dict:
     """
     traced, untraced = Timing.of(runs.traced), Timing.of(runs.untraced)
     clock = traced.seconds + traced.recording_seconds  # the engine's clock, recording included
-    return {
-        "tree": runs.tree, "tree_size": runs.tree_size,
+    row = {
+        "drafter": runs.drafter, "tree": runs.tree, "tree_size": runs.tree_size, "label": runs.label,
         "speedup": speedup(ar, traced),
         "mean_accepted": traced.tokens_per_pass,
         "round_cost": round_cost(ar, untraced),
@@ -63,75 +81,115 @@ def tree_figures(runs: TreeRuns, ar: Timing, acceptance: str) -> dict:
         "trace_overhead": recording_overhead(traced),
         # The same, as the difference of two noisy totals: a cross-check, not the figure.
         "trace_overhead_by_difference": (clock - untraced.seconds) / untraced.seconds if untraced.seconds else 0.0,
-        "medusa": method_figures(traced), "medusa_untraced": method_figures(untraced),
+        "traced": method_figures(traced), "untraced": method_figures(untraced),
     }
+    if runs.library_seconds:
+        library = Timing(tokens=runs.library_tokens, seconds=runs.library_seconds)
+        row["transformers"] = {"tokens": library.tokens, "seconds": library.seconds,
+                               "tokens_per_second": library.tokens_per_second,
+                               "identical": runs.library_identical}
+    return row
+
+
+def library_options(mm: MedusaModel, settings: DecodeSettings) -> dict | None:
+    """transformers' own version of a lane's decoder, as `generate` arguments; None if it has none.
+
+    The same draft length as ours, held constant (the library's default grows and shrinks it, and
+    stops drafting where the draft model is unsure), so the two differ only in implementation.
+    """
+    if settings.method == "ar":
+        return {}
+    if settings.method == "draft-model":
+        return {"assistant_model": mm.draft.model,
+                "generation": {"num_assistant_tokens": settings.draft_tokens,
+                               "num_assistant_tokens_schedule": "constant",
+                               "assistant_confidence_threshold": 0.0}}
+    if settings.method == "prompt-lookup":
+        return {"generation": {"prompt_lookup_num_tokens": settings.lookup_tokens,
+                               "max_matching_ngram_size": settings.lookup_ngram}}
+    return None
 
 
 @torch.inference_mode()
-def transformers_generate(mm: MedusaModel, prompt: str, max_new_tokens: int) -> tuple[list[int], float]:
-    """The library's own greedy `generate` on the same input: the peer our plain decoding must match.
+def transformers_generate(mm: MedusaModel, prompt: str, max_new_tokens: int,
+                          options: dict | None = None) -> tuple[list[int], float]:
+    """The library's own greedy `generate` on the same input, plain or with `library_options`.
 
     Returns the new tokens and the seconds taken (prefill included, as in our traces).
     """
+    options = options or {}
     ids = torch.tensor([encode_prompt(mm, prompt)], device=mm.device)
     config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False,
                               eos_token_id=sorted(mm.eos_token_ids) or None,
-                              pad_token_id=padding_id(mm.tokenizer, mm.eos_token_ids))
+                              pad_token_id=padding_id(mm.tokenizer, mm.eos_token_ids),
+                              **options.get("generation", {}))
+    extra = {"assistant_model": options["assistant_model"]} if "assistant_model" in options else {}
     if mm.device.type == "cuda":
         torch.cuda.synchronize(mm.device)
     start = time.perf_counter()
-    out = mm.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+    out = mm.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config, **extra)
     if mm.device.type == "cuda":
         torch.cuda.synchronize(mm.device)
     return out[0, ids.shape[1]:].tolist(), time.perf_counter() - start
 
 
-def run_bench(mm: MedusaModel, prompts: list[str], settings: DecodeSettings,
-              trees: list, progress: bool = True, compare_generate: bool = False) -> dict:
-    """Decode every prompt with AR and with Medusa for each tree; return totals and ratios.
+def make_lanes(mm: MedusaModel, settings: DecodeSettings, drafters: list[str], trees: list) -> list[LaneRuns]:
+    """One lane per drafter, Medusa's once per tree; each named by its tree after pruning."""
+    lanes = []
+    for drafter in drafters:
+        for tree in trees if drafter == "medusa" else [settings.tree]:
+            lane_settings = replace(settings, method=drafter, tree=tree)
+            lane_settings.validate()
+            shape = make_drafter(mm, lane_settings).tree
+            lanes.append(LaneRuns(lane_settings, shape.name, shape.size))
+    return lanes
 
-    With `compare_generate`, transformers' own `generate(do_sample=False)` runs beside plain
-    decoding, on the same inputs, so the baseline is shown not to be a slow one.
+
+def run_bench(mm: MedusaModel, prompts: list[str], settings: DecodeSettings, trees: list,
+              progress: bool = True, compare_transformers: bool = False,
+              drafters: list[str] | None = None) -> dict:
+    """Decode every prompt with AR and with every lane; return totals and ratios.
+
+    With `compare_transformers`, transformers' own greedy decoders run beside ours on the same
+    inputs (plain generate; assisted generation and prompt lookup for those lanes), so neither
+    the baseline nor the drafters are shown against a slow implementation.
     """
+    compare = compare_transformers and settings.acceptance == "greedy"
     ar_settings = replace(settings, method="ar")
-    medusa_settings = [replace(settings, method="medusa", tree=t) for t in trees]
+    lanes = make_lanes(mm, settings, drafters or ["medusa"], trees)
+    library = {id(lane): library_options(mm, lane.settings) for lane in lanes} if compare else {}
     # Warm-up: first calls pay for allocations and lazy initialisation; keep that out of the figures.
-    warm = replace(settings, max_new_tokens=min(8, settings.max_new_tokens))
-    generate(mm, prompts[0], replace(warm, method="ar"))
-    for s in medusa_settings:
-        generate(mm, prompts[0], replace(s, max_new_tokens=warm.max_new_tokens))
+    warm_tokens = min(8, settings.max_new_tokens)
+    for s in [ar_settings] + [lane.settings for lane in lanes]:
+        generate(mm, prompts[0], replace(s, max_new_tokens=warm_tokens))
+    for options in ([{}] + [o for o in library.values() if o is not None]) if compare else []:
+        transformers_generate(mm, prompts[0], warm_tokens, options)
 
     ar_runs: list[RunTrace] = []
-    library_tokens, library_seconds, library_identical = 0, 0.0, True
-    if compare_generate:
-        transformers_generate(mm, prompts[0], warm.max_new_tokens)
-    # Each tree's own name and size, after pruning to the heads in use.
-    results = [TreeRuns(t.name, t.size) for t in (resolve_tree(mm, s) for s in medusa_settings)]
+    plain_library = LaneRuns(ar_settings, "", 1)
     for i, prompt in enumerate(tqdm(prompts, desc="bench", disable=not progress)):
-        # Alternate the order so neither method always runs on a warmer (or hotter) machine.
-        plan = ["ar", "medusa"] if i % 2 == 0 else ["medusa", "ar"]
-        outputs: dict[str, list[int]] = {}
+        # Alternate the order so neither plain decoding nor the lanes always run on a warmer machine.
+        plan = ["ar", "lanes"] if i % 2 == 0 else ["lanes", "ar"]
+        outputs: dict[int, list[int]] = {}
         for step in plan:
             if step == "ar":
                 ar_trace = generate(mm, prompt, ar_settings)
                 ar_runs.append(ar_trace)
-                outputs["ar"] = ar_trace.tokens
-                if compare_generate:
-                    tokens, seconds = transformers_generate(mm, prompt, settings.max_new_tokens)
-                    library_tokens += len(tokens)
-                    library_seconds += seconds
-                    library_identical &= tokens == ar_trace.tokens
+                if compare:
+                    _library_run(mm, prompt, settings.max_new_tokens, {}, plain_library, ar_trace.tokens)
                 continue
-            for s, result in zip(medusa_settings, results):
-                traced = generate(mm, prompt, s)
-                result.traced.append(traced)
-                result.untraced.append(generate(mm, prompt, replace(s, detailed_trace=False)))
-                outputs[result.tree] = traced.tokens
-        for result in results:
-            result.identical &= outputs[result.tree] == outputs["ar"]
+            for lane in lanes:
+                traced = generate(mm, prompt, lane.settings)
+                lane.traced.append(traced)
+                lane.untraced.append(generate(mm, prompt, replace(lane.settings, detailed_trace=False)))
+                outputs[id(lane)] = traced.tokens
+                if library.get(id(lane)) is not None:
+                    _library_run(mm, prompt, settings.max_new_tokens, library[id(lane)], lane, traced.tokens)
+        for lane in lanes:
+            lane.identical &= outputs[id(lane)] == ar_trace.tokens
 
-    ar, library = Timing.of(ar_runs), Timing(tokens=library_tokens, seconds=library_seconds)
-    rows = [tree_figures(r, ar, settings.acceptance) for r in results]
+    ar = Timing.of(ar_runs)
+    rows = [lane_figures(lane, ar, settings.acceptance) for lane in lanes]
     first = rows[0]
     return {
         "model": mm.name, "device": str(mm.device), "dtype": str(mm.dtype).removeprefix("torch."),
@@ -139,23 +197,45 @@ def run_bench(mm: MedusaModel, prompts: list[str], settings: DecodeSettings,
         "acceptance": settings.acceptance,
         "speedup": first["speedup"], "mean_accepted": first["mean_accepted"],
         "identical": first["identical"], "trace_overhead": first["trace_overhead"],
-        "ar": method_figures(ar), "medusa": first["medusa"], "trees": rows,
-        **({"transformers_generate": {"tokens": library.tokens, "seconds": library.seconds,
-                                      "tokens_per_second": library.tokens_per_second,
-                                      "identical_to_ar": library_identical}}
-           if compare_generate and settings.acceptance == "greedy" else {}),
+        "ar": method_figures(ar), "lanes": rows,
+        **({"transformers_generate": {"tokens": plain_library.library_tokens,
+                                      "seconds": plain_library.library_seconds,
+                                      "tokens_per_second": plain_library.library_tokens / plain_library.library_seconds,
+                                      "identical_to_ar": plain_library.library_identical}}
+           if compare else {}),
     }
 
 
-def _library_line(report: dict) -> list[str]:
-    """The peer check's line, when the bench ran transformers' own generate beside plain decoding."""
+def _library_run(mm: MedusaModel, prompt: str, max_new_tokens: int, options: dict, lane: LaneRuns,
+                 ours: list[int]) -> None:
+    """One run of the library's decoder for `lane`, added to the lane's library totals."""
+    tokens, seconds = transformers_generate(mm, prompt, max_new_tokens, options)
+    lane.library_tokens += len(tokens)
+    lane.library_seconds += seconds
+    lane.library_identical &= tokens == ours
+
+
+def _library_lines(report: dict) -> list[str]:
+    """The peer check, when the bench ran transformers' own decoders beside ours."""
     library = report.get("transformers_generate")
     if not library:
         return []
     ratio = report["ar"]["tokens_per_second"] / library["tokens_per_second"]
     same = "yes" if library["identical_to_ar"] else "NO"
-    return [f"transformers' generate(do_sample=False): {library['tokens_per_second']:.1f} tok/s on the same "
-            f"inputs; our plain decoding runs at {ratio:.2f}x its speed; same tokens: {same}"]
+    lines = [f"transformers' generate(do_sample=False): {library['tokens_per_second']:.1f} tok/s on the same "
+             f"inputs; our plain decoding runs at {ratio:.2f}x its speed; same tokens: {same}"]
+    for row in report["lanes"]:
+        peer = row.get("transformers")
+        if peer:
+            ours = row["traced"]["tokens_per_second"]
+            lines.append(f"transformers' {LIBRARY_NAMES[row['drafter']]}: {peer['tokens_per_second']:.1f} tok/s; "
+                         f"our {row['label']} runs at {ours / peer['tokens_per_second']:.2f}x its speed; "
+                         f"same tokens: {'yes' if peer['identical'] else 'NO'}")
+    return lines
+
+
+LIBRARY_NAMES = {"draft-model": "assisted generation (assistant_model=, same draft model and length)",
+                 "prompt-lookup": "prompt lookup decoding (prompt_lookup_num_tokens=, same lengths)"}
 
 
 def format_table(report: dict) -> str:
@@ -167,23 +247,23 @@ def format_table(report: dict) -> str:
         f"acceptance {report['acceptance']}",
         f"AR: {ar['tokens_per_second']:.1f} tok/s, {ar['forward_passes']} passes for {ar['tokens']} tokens, "
         f"{ar['seconds_per_round'] * 1e3:.2f} ms a step",
-        *_library_line(report),
-        "round cost: one Medusa round in AR steps, and its two parts: the verify pass, and the rest "
+        *_library_lines(report),
+        "round cost: one round in AR steps, and its two parts: the verify pass, and the rest "
         "(drafting, accepting, bookkeeping); speedup ≈ accepted/pass ÷ round cost",
         "",
-        f"{'tree':<16}{'nodes':>6}{'tok/s':>9}{'speedup':>9}{'accepted/pass':>15}"
+        f"{'drafter':<26}{'nodes':>6}{'tok/s':>9}{'speedup':>9}{'accepted/pass':>15}"
         f"{'round cost':>12}{'verify':>8}{'rest':>8}{'passes':>8}{'trace cost':>12}{'identical':>11}",
     ]
-    for row in report["trees"]:
-        m = row["medusa"]
+    for row in report["lanes"]:
+        m = row["traced"]
         same = "-" if row["identical"] is None else ("yes" if row["identical"] else "NO")
         lines.append(
-            f"{row['tree']:<16}{row['tree_size']:>6}{m['tokens_per_second']:>9.1f}"
+            f"{row['label']:<26}{row['tree_size']:>6}{m['tokens_per_second']:>9.1f}"
             f"{row['speedup']:>8.2f}x{row['mean_accepted']:>15.2f}{row['round_cost']:>7.2f} steps"
             f"{row['verify_cost']:>8.2f}{row['draft_accept_cost']:>8.2f}{m['forward_passes']:>8}"
             f"{row['trace_overhead']:>11.1%}{same:>11}"
         )
-    if any(row["identical"] is False for row in report["trees"]):
+    if any(row["identical"] is False for row in report["lanes"]):
         lines += ["", differing_output_note(report["dtype"])]
     return "\n".join(lines)
 

@@ -125,9 +125,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     trees = args.tree
     settings = _settings(args, trees[0])
     _set_threads(args)
-    mm = load_model(args.model, args.heads, args.device, args.dtype, pack_linear=not args.no_pack)
+    mm = load_model(args.model, args.heads, args.device, args.dtype, pack_linear=not args.no_pack,
+                    draft_model=args.draft_model, with_draft="draft-model" in args.drafter)
     report = run_bench(mm, prompts, settings, trees, progress=not args.json,
-                       compare_generate=args.compare_generate)
+                       compare_transformers=args.compare_transformers, drafters=args.drafter)
     print(json.dumps(report, indent=2) if args.json else format_table(report))
     return 0
 
@@ -153,8 +154,11 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=Path, nargs="+", required=True,
                    help=".txt file, one prompt a line, or .json list of strings; several are read in turn")
     _add_decoding_arguments(p, many_trees=True)
-    p.add_argument("--compare-generate", action="store_true",
-                   help="also time transformers' own generate(do_sample=False) beside plain decoding")
+    p.add_argument("--drafter", nargs="+", choices=[m for m in METHODS if m != "ar"], default=["medusa"],
+                   help="the drafters to race against plain decoding (Medusa once per --tree)")
+    p.add_argument("--compare-transformers", "--compare-generate", action="store_true",
+                   help="also time transformers' own decoders on the same inputs: generate(do_sample=False), "
+                        "and assisted generation / prompt lookup for those drafters, same lengths")
     p.set_defaults(func=cmd_bench)
 
 

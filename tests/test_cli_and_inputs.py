@@ -81,11 +81,11 @@ def test_cli_bench_json(capsys, tiny_dirs, tmp_path):
     assert code == 0
     report = json.loads(out)
     assert report["identical"] is True and report["speedup"] > 0 and "trace_overhead" in report
-    assert report["ar"]["tokens_per_second"] > 0 and report["medusa"]["tokens_per_second"] > 0
-    assert [row["tree"] for row in report["trees"]] == ["chain-3", "cpu-12"]
-    for row in report["trees"]:  # a round's cost in plain steps, from untraced rounds
+    assert report["ar"]["tokens_per_second"] > 0 and report["lanes"][0]["traced"]["tokens_per_second"] > 0
+    assert [row["tree"] for row in report["lanes"]] == ["chain-3", "cpu-12"]
+    for row in report["lanes"]:  # a round's cost in plain steps, from untraced rounds
         assert row["round_cost"] == pytest.approx(
-            row["medusa_untraced"]["seconds_per_round"] / report["ar"]["seconds_per_round"])
+            row["untraced"]["seconds_per_round"] / report["ar"]["seconds_per_round"])
         # Its two parts are positive and make up the whole round.
         assert 0 < row["verify_cost"] and 0 < row["draft_accept_cost"]
         assert row["verify_cost"] + row["draft_accept_cost"] == pytest.approx(row["round_cost"])
@@ -105,6 +105,28 @@ def test_cli_bench_compares_with_transformers_generate(capsys, tiny_dirs, tmp_pa
     code, out, _ = run_cli(capsys, "bench", "--model", str(tiny_dirs["llama"]), "--prompts", str(prompts),
                            "--max-new-tokens", "12", "--tree", "chain-3", "--compare-generate")
     assert "transformers' generate(do_sample=False)" in out and "same tokens: yes" in out
+
+
+def test_cli_bench_races_every_drafter_against_transformers(capsys, tiny_dirs, tmp_path):
+    """One table, a lane per drafter; the peer check runs the library's assisted generation and
+    prompt lookup with the same draft model and lengths, and both write the same greedy tokens."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("It is a truth It is a truth\nThe quick brown fox\n")
+    argv = ["bench", "--model", str(tiny_dirs["llama"]), "--prompts", str(prompts), "--max-new-tokens", "12",
+            "--tree", "chain-3", "--drafter", "medusa", "draft-model", "prompt-lookup", "--draft-tokens", "3",
+            "--lookup-tokens", "5", "--compare-transformers"]
+    code, out, _ = run_cli(capsys, *argv, "--json")
+    assert code == 0
+    lanes = {row["drafter"]: row for row in json.loads(out)["lanes"]}
+    assert [lanes[d]["label"] for d in lanes] == ["medusa chain-3", "draft-model chain-3", "prompt-lookup chain-5"]
+    for drafter in ("draft-model", "prompt-lookup"):
+        row = lanes[drafter]
+        assert row["identical"] is True and row["speedup"] > 0 and row["untraced"]["forward_passes"] > 0
+        assert row["transformers"]["identical"] is True and row["transformers"]["tokens"] == 2 * 12
+    assert "transformers" not in lanes["medusa"]  # the library has no Medusa to compare with
+    code, out, _ = run_cli(capsys, *argv)
+    assert "draft-model chain-3" in out and "prompt-lookup chain-5" in out
+    assert "transformers' assisted generation" in out and "transformers' prompt lookup" in out
 
 
 def fake_run(method: str, tokens: int, seconds: float) -> RunTrace:
@@ -134,12 +156,12 @@ def test_bench_speedup_is_a_ratio_of_tokens_per_second(tiny_llama, monkeypatch):
 def test_bench_table_explains_differing_output_by_dtype():
     from decoding.bench import format_table
 
-    row = {"tree": "optimal-8", "tree_size": 9, "speedup": 1.5, "mean_accepted": 2.5, "round_cost": 1.6,
+    row = {"label": "medusa optimal-8", "tree_size": 9, "speedup": 1.5, "mean_accepted": 2.5, "round_cost": 1.6,
            "verify_cost": 1.3, "draft_accept_cost": 0.2, "trace_overhead": 0.04, "identical": True,
-           "medusa": {"tokens_per_second": 100.0, "forward_passes": 10}}
+           "traced": {"tokens_per_second": 100.0, "forward_passes": 10}}
     report = {"model": "m", "device": "cpu", "dtype": "bfloat16", "prompts": 1, "max_new_tokens": 8,
               "acceptance": "greedy", "ar": {"tokens_per_second": 80.0, "forward_passes": 8, "tokens": 8,
-                                              "seconds_per_round": 0.003}, "trees": [row]}
+                                              "seconds_per_round": 0.003}, "lanes": [row]}
     assert "nearly tie" not in format_table(report)
     row["identical"] = False
     assert "NO in bfloat16" in format_table(report) and "--dtype float32" in format_table(report)
