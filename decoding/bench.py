@@ -227,7 +227,7 @@ def _library_lines(report: dict) -> list[str]:
     for row in report["lanes"]:
         peer = row.get("transformers")
         if peer:
-            ours = row["traced"]["tokens_per_second"]
+            ours = row["untraced"]["tokens_per_second"]  # the decoder alone, nothing recorded
             lines.append(f"transformers' {LIBRARY_NAMES[row['drafter']]}: {peer['tokens_per_second']:.1f} tok/s; "
                          f"our {row['label']} runs at {ours / peer['tokens_per_second']:.2f}x its speed; "
                          f"same tokens: {'yes' if peer['identical'] else 'NO'}")

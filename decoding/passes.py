@@ -148,5 +148,9 @@ def verify_tree(
     mm: MedusaModel, tree: Tree, node_tokens: torch.Tensor, cache: DynamicCache, want_hidden: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One forward pass over all T tree nodes: logits (T, V) and, if wanted, hidden states (T, H)."""
+    if tree.is_chain:
+        # A chain's tree mask is the ordinary causal mask and its positions the ordinary ones:
+        # the library builds those itself, on its fastest path (and a lone root is a plain step).
+        return run_model(mm, node_tokens, cache, want_hidden=want_hidden)
     mask, positions = tree_inputs(mm, tree, cache)
     return run_model(mm, node_tokens, cache, mask, positions, want_hidden=want_hidden)

@@ -178,6 +178,11 @@ class Tree:
         return tree_graph(self.parents)
 
     @cached_property
+    def is_chain(self) -> bool:
+        """One branch: each node the child of the one before (the root alone is a chain too)."""
+        return self.parents == [-1, *range(self.size - 1)]
+
+    @cached_property
     def max_depth(self) -> int:
         return max(self.depths)
 

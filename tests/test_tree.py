@@ -84,3 +84,10 @@ def test_cutting_a_tree_keeps_its_first_nodes():
     root_only = tree.cut(0)
     assert root_only.size == 1 and root_only.max_depth == 0 and root_only.leaves == [0]
     assert root_only.draft_index.tolist() == [] and root_only.ancestor_mask.tolist() == [[True]]
+
+
+def test_chains_are_recognised():
+    assert Tree.from_choices([[0], [0, 0], [0, 0, 0]], 3).is_chain
+    assert Tree.from_choices([[0]], 1).cut(0).is_chain
+    assert not Tree.from_choices([[0], [1]], 1).is_chain
+    assert not Tree.from_choices([[0], [0, 0], [0, 1]], 2).is_chain
