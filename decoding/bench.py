@@ -99,7 +99,7 @@ def library_options(mm: MedusaModel, settings: DecodeSettings) -> dict | None:
     """
     if settings.method == "ar":
         return {}
-    if settings.method == "draft-model":
+    if settings.method == "draft-model" and settings.draft_top_k == 1:
         return {"assistant_model": mm.draft.model,
                 "generation": {"num_assistant_tokens": settings.draft_tokens,
                                "num_assistant_tokens_schedule": "constant",
@@ -107,7 +107,7 @@ def library_options(mm: MedusaModel, settings: DecodeSettings) -> dict | None:
     if settings.method == "prompt-lookup":
         return {"generation": {"prompt_lookup_num_tokens": settings.lookup_tokens,
                                "max_matching_ngram_size": settings.lookup_ngram}}
-    return None
+    return None  # Medusa, or a draft tree: the library has neither
 
 
 @torch.inference_mode()

@@ -57,6 +57,8 @@ def _add_decoding_arguments(p: argparse.ArgumentParser, many_trees: bool = False
     p.add_argument("--num-heads", type=int, default=defaults.num_heads, help="use only the first n heads")
     p.add_argument("--draft-tokens", type=int, default=defaults.draft_tokens,
                    help="draft-model: tokens the draft model writes ahead each round")
+    p.add_argument("--draft-top-k", type=int, default=defaults.draft_top_k,
+                   help="draft-model: guesses per step; the runners-up join the tree as leaves beside the greedy one")
     p.add_argument("--lookup-tokens", type=int, default=defaults.lookup_tokens,
                    help="prompt-lookup: tokens copied at most each round")
     p.add_argument("--lookup-ngram", type=int, default=defaults.lookup_ngram,
@@ -75,7 +77,8 @@ def _settings(args: argparse.Namespace, tree: str | list[list[int]]) -> DecodeSe
         method=getattr(args, "method", DecodeSettings.method), max_new_tokens=args.max_new_tokens,
         acceptance=args.acceptance, temperature=args.temperature, top_p=args.top_p,
         epsilon=args.epsilon, delta=args.delta, seed=args.seed, tree=tree,
-        num_heads=args.num_heads, draft_tokens=args.draft_tokens, lookup_tokens=args.lookup_tokens,
+        num_heads=args.num_heads, draft_tokens=args.draft_tokens,
+        draft_top_k=args.draft_top_k, lookup_tokens=args.lookup_tokens,
         lookup_ngram=args.lookup_ngram,
     )
     settings.validate()

@@ -112,6 +112,7 @@ def _new_trace(mm: MedusaModel, prompt: str, prompt_ids: list[int], settings: De
         tree=None if drafter is None else drafter.tree.name,
         num_heads=(settings.num_heads or mm.num_heads) if medusa else None,
         draft_tokens=settings.draft_tokens if settings.method == "draft-model" else None,
+        draft_top_k=settings.draft_top_k if settings.method == "draft-model" else None,
         lookup_tokens=settings.lookup_tokens if settings.method == "prompt-lookup" else None,
         lookup_ngram=settings.lookup_ngram if settings.method == "prompt-lookup" else None,
     )

@@ -32,6 +32,7 @@ class DecodeSettings:
     tree: str | list[list[int]] = "default"
     num_heads: int | None = None  # use only the first n heads (cuts the tree to depth n)
     draft_tokens: int = 4  # draft-model: tokens the draft model writes ahead each round
+    draft_top_k: int = 1  # draft-model: guesses per step in the tree (the greedy one, and runners-up as leaves)
     lookup_tokens: int = 10  # prompt-lookup: tokens copied at most each round (transformers' default)
     lookup_ngram: int = 2  # prompt-lookup: the longest n-gram matched (transformers' default)
     detailed_trace: bool = True
@@ -61,7 +62,7 @@ class DecodeSettings:
             raise DecodingError(f"delta must be in [0, 1], not {self.delta}")
         if self.num_heads is not None and self.num_heads < 1:
             raise DecodingError(f"num_heads must be at least 1, not {self.num_heads}")
-        for name in ("draft_tokens", "lookup_tokens", "lookup_ngram"):
+        for name in ("draft_tokens", "draft_top_k", "lookup_tokens", "lookup_ngram"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DRAFT_TOKENS:
                 raise DecodingError(f"{name} must be a whole number from 1 to {MAX_DRAFT_TOKENS}, not {value!r}")

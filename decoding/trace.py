@@ -143,6 +143,7 @@ class RunSettings:
     tree: str | None
     num_heads: int | None
     draft_tokens: int | None = None
+    draft_top_k: int | None = None
     lookup_tokens: int | None = None
     lookup_ngram: int | None = None
 

@@ -47,11 +47,11 @@ def noisy_draft(mm: MedusaModel, directory, noise: float, seed: int) -> MedusaMo
 @settings(max_examples=12, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(prompt=prompts, arch=st.sampled_from(["llama", "qwen2", "gpt2"]), length=st.integers(1, 7),
-       noise=st.sampled_from([0.0, 0.02, 0.3]), seed=st.integers(0, 2**16))
-def test_draft_model_greedy_equals_generate(tiny_models, tiny_dirs, prompt, arch, length, noise, seed):
+       top_k=st.integers(1, 3), noise=st.sampled_from([0.0, 0.02, 0.3]), seed=st.integers(0, 2**16))
+def test_draft_model_greedy_equals_generate(tiny_models, tiny_dirs, prompt, arch, length, top_k, noise, seed):
     mm = tiny_models[arch]
     run_mm = dataclasses.replace(mm, draft=noisy_draft(mm, tiny_dirs[arch], noise, seed), _token_texts={})
-    trace = generate(run_mm, prompt, DecodeSettings(method="draft-model", draft_tokens=length,
+    trace = generate(run_mm, prompt, DecodeSettings(method="draft-model", draft_tokens=length, draft_top_k=top_k,
                                                     max_new_tokens=NEW_TOKENS))
     assert trace.tokens == reference_greedy(mm, prompt, NEW_TOKENS)
 
@@ -77,14 +77,19 @@ def test_drafters_guess_and_get_accepted(tiny_llama, tiny_dirs):
     assert trace.tokens == reference_greedy(tiny_llama, "abc abc abc", 33)
 
 
-def test_draft_model_cache_keeps_in_step(tiny_llama, tiny_dirs):
-    """Each round's guesses are exactly the draft model's own greedy continuation of the text so
-    far, computed from scratch: the cache it keeps (cropped after rejections) never goes stale."""
+@pytest.mark.parametrize("top_k", [1, 3])
+def test_draft_model_cache_keeps_in_step(tiny_llama, tiny_dirs, top_k):
+    """Each round's greedy guesses are exactly the draft model's own greedy continuation of the
+    text so far, computed from scratch: the cache it keeps (cropped after rejections, and after a
+    runner-up was taken instead of its greedy guess) never goes stale."""
     noisy = dataclasses.replace(tiny_llama, draft=noisy_draft(tiny_llama, tiny_dirs["llama"], 0.05, 1), _token_texts={})
     trace = generate(noisy, "the quick brown fox", DecodeSettings(method="draft-model", draft_tokens=4,
-                                                                  max_new_tokens=40))
+                                                                  draft_top_k=top_k, max_new_tokens=40))
     accepted = [len(r.accepted_nodes) - 1 for r in trace.rounds]
     assert 0 < sum(accepted) < 4 * len(trace.rounds), "the test needs both accepted and rejected guesses"
+    if top_k > 1:
+        runners_up = [n for r in trace.rounds for n in r.accepted_nodes if trace.tree.ranks[n] > 0]
+        assert runners_up, "the test needs a round that took a runner-up"
     written = trace.prompt_tokens + [trace.prefill_token]
     for rnd in trace.rounds:
         ids = torch.tensor([written])

@@ -182,8 +182,9 @@ def word_model() -> MedusaModel:
 PROMPT = "a b c a b"  # it repeats itself, so prompt lookup has something to copy
 
 
-@pytest.mark.parametrize("method", ["medusa", "draft-model", "prompt-lookup"])
-def test_speculative_sampling_end_to_end(word_model, method):
+@pytest.mark.parametrize(("method", "top_k"), [("medusa", 1), ("draft-model", 1), ("draft-model", 3),
+                                               ("prompt-lookup", 1)])
+def test_speculative_sampling_end_to_end(word_model, method, top_k):
     """Token 1 comes from the prefill, token 2 from a round over the drafter's guesses: whatever
     drafts them, the pair has the base model's distribution."""
     prompt_ids = word_model.tokenizer(PROMPT).input_ids
@@ -195,7 +196,7 @@ def test_speculative_sampling_end_to_end(word_model, method):
     counts: dict[tuple[int, ...], int] = {}
     guessed = 0
     for seed in range(SAMPLES):
-        settings = DecodeSettings(method=method, max_new_tokens=2, acceptance="sample", temperature=TEMPERATURE,
+        settings = DecodeSettings(method=method, draft_top_k=top_k, max_new_tokens=2, acceptance="sample", temperature=TEMPERATURE,
                                   top_p=TOP_P, seed=seed, detailed_trace=False)
         trace = generate(word_model, PROMPT, settings)
         pair = tuple(trace.tokens)

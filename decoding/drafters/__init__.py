@@ -29,7 +29,7 @@ def make_drafter(mm: MedusaModel, settings: DecodeSettings) -> Drafter:
             raise DecodingError(
                 f"{mm.name} has no draft model: pass --draft-model with a small causal LM that "
                 "shares its tokenizer (a directory or hub id)")
-        return DraftModelDrafter(mm.draft, settings.draft_tokens)
+        return DraftModelDrafter(mm.draft, settings.draft_tokens, settings.draft_top_k)
     if settings.method == "prompt-lookup":
         return PromptLookupDrafter(mm.device, settings.lookup_tokens, settings.lookup_ngram)
     raise DecodingError(f"method {settings.method!r} has no drafter")

@@ -1,8 +1,12 @@
 """The `draft-model` drafter: classic speculative decoding with a second, smaller model.
 
 The draft model writes `length` tokens ahead, one pass each, greedily; the base model verifies
-them all in one pass. The draft keeps its own KV cache in step with the text: after each round it
-drops the rows of the guesses the base model rejected, and next round feeds what it has not yet
+them all in one pass. With `top_k` > 1 the runners-up of each step join the tree as leaves beside
+the greedy token: they cost the draft model nothing (the same logits), and where the base model
+prefers a runner-up the round still gains a token.
+
+The draft keeps its own KV cache in step with the text: after each round it drops the rows of
+the guesses the base model rejected, and next round feeds what it has not yet
 seen (the new root, and any accepted token it never ran on). Its cost is what Medusa avoids:
 a second model in memory, and `length` small passes a round.
 
@@ -18,16 +22,26 @@ from ..kv_cache import new_cache
 from ..model import MedusaModel
 from ..passes import run_model
 from ..trace import DrafterInfo
-from .base import Drafter, Proposal, chain_proposal, chain_tree, root_only
+from ..tree import Tree
+from .base import Drafter, Proposal, chain_tree, root_only
+
+
+def draft_tree(length: int, top_k: int) -> Tree:
+    """The greedy chain, with each step's next `top_k - 1` guesses as leaves beside it."""
+    if top_k == 1:
+        return chain_tree(length)
+    choices = [[0] * depth + [rank] for depth in range(length) for rank in range(top_k)]
+    return Tree.from_choices(choices, length, name=f"chain-{length}-top-{top_k}")
 
 
 class DraftModelDrafter(Drafter):
     name = "draft-model"
 
-    def __init__(self, draft: MedusaModel, length: int) -> None:
-        self.draft, self.length = draft, length
-        self.tree = chain_tree(length)
+    def __init__(self, draft: MedusaModel, length: int, top_k: int = 1) -> None:
+        self.draft, self.length, self.top_k = draft, length, top_k
+        self.tree = draft_tree(length, top_k)
         self.written: list[int] = []
+        self.chain: list[int] = []  # the greedy guesses of the last round: what the cache ran on
         self.cache = new_cache(draft.model.config)
 
     def begin(self, prompt_ids: list[int]) -> None:
@@ -42,25 +56,30 @@ class DraftModelDrafter(Drafter):
         length = min(self.length, max_depth, room)
         if length < 1:
             return root_only(self.tree, root, self.draft.device)
+        tree = self.tree.cut(length)
         pending = self.written[self.cache.get_seq_length():] + [root]
-        guesses, probs = [], []
+        steps = []
         for _ in range(length):
             logits, _ = run_model(self.draft, pending, self.cache, last_only=True)
-            token = int(logits[-1].argmax())
-            guesses.append(token)
-            if with_probs:
-                probs.append(float(torch.softmax(logits[-1].float(), dim=-1)[token]))
-            pending = [token]
-        proposal = chain_proposal(self.tree, root, guesses, self.draft.device)
-        proposal.guess_probs = torch.tensor(probs)[:, None] if with_probs else None
-        proposal.draft_passes = length
-        return proposal
+            steps.append(logits[-1].float())
+            pending = [int(steps[-1].argmax())]  # the greedy guess runs on; runners-up stay leaves
+        step_logits = torch.stack(steps)
+        top_logits, guesses = step_logits.topk(self.top_k, dim=-1)
+        self.chain = guesses[:, 0].tolist()
+        root_tensor = torch.tensor([root], device=self.draft.device)
+        tokens = torch.cat([root_tensor, guesses.flatten()[tree.draft_index.to(self.draft.device)]])
+        probs = torch.exp(top_logits - step_logits.logsumexp(dim=-1, keepdim=True)) if with_probs else None
+        return Proposal(tree, tokens, guesses=guesses, guess_probs=probs, draft_passes=length)
 
     def advance(self, written: list[int]) -> None:
-        # The cache ran on the root and all guesses but the last; the rows past the accepted
-        # ones belong to rejected guesses.
+        # The cache ran on the root and the greedy guesses but the last. Its rows are good up to
+        # the first guess the base model did not take (a runner-up taken instead is not in it).
+        agreed = 0
+        while agreed < min(len(written) - 1, len(self.chain)) and written[1 + agreed] == self.chain[agreed]:
+            agreed += 1
+        valid = len(self.written) + 1 + agreed
         self.written += written
-        surplus = self.cache.get_seq_length() - len(self.written)
+        surplus = self.cache.get_seq_length() - valid
         if surplus > 0:
             self.cache.crop(-surplus)
 
@@ -68,6 +87,7 @@ class DraftModelDrafter(Drafter):
         parameters = list(self.draft.model.parameters())
         cache_bytes = sum(t.numel() * t.element_size() for layer in self.cache.layers
                           if layer.is_initialized for t in (layer.keys, layer.values))
-        return DrafterInfo(self.name, f"{self.draft.name}, {self.length} tokens a round",
+        return DrafterInfo(self.name, f"{self.draft.name}, {self.length} tokens a round"
+                           + (f", top {self.top_k} each" if self.top_k > 1 else ""),
                            sum(p.numel() for p in parameters),
                            sum(p.numel() * p.element_size() for p in parameters), cache_bytes)
