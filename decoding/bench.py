@@ -15,11 +15,13 @@ the same lengths. They are the peers our lanes must match in output and speed.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import torch
 from tqdm import tqdm
-from transformers import GenerationConfig
+from transformers import GenerationConfig, PreTrainedModel
 
 from .drafters import make_drafter
 from .generate import encode_prompt, generate
@@ -94,20 +96,36 @@ def lane_figures(runs: LaneRuns, ar: Timing, acceptance: str) -> dict:
 def library_options(mm: MedusaModel, settings: DecodeSettings) -> dict | None:
     """transformers' own version of a lane's decoder, as `generate` arguments; None if it has none.
 
-    The same draft length as ours, held constant (the library's default grows and shrinks it, and
-    stops drafting where the draft model is unsure), so the two differ only in implementation.
+    The same draft length as ours, held constant: the library's default grows and shrinks it, and
+    stops drafting where the draft model is unsure, so the two would differ in more than their
+    implementation. The library reads those settings from the *assistant's* generation config.
     """
     if settings.method == "ar":
         return {}
     if settings.method == "draft-model" and settings.draft_top_k == 1:
         return {"assistant_model": mm.draft.model,
-                "generation": {"num_assistant_tokens": settings.draft_tokens,
-                               "num_assistant_tokens_schedule": "constant",
-                               "assistant_confidence_threshold": 0.0}}
+                "assistant": {"num_assistant_tokens": settings.draft_tokens,
+                              "num_assistant_tokens_schedule": "constant",
+                              "assistant_confidence_threshold": 0.0}}
     if settings.method == "prompt-lookup":
         return {"generation": {"prompt_lookup_num_tokens": settings.lookup_tokens,
                                "max_matching_ngram_size": settings.lookup_ngram}}
     return None  # Medusa, or a draft tree: the library has neither
+
+
+@contextmanager
+def assistant_settings(assistant: PreTrainedModel | None, values: dict) -> Iterator[None]:
+    """Set generation settings on the assistant model for one call, then put the old ones back."""
+    if assistant is None:
+        yield
+        return
+    config = assistant.generation_config
+    old = {name: getattr(config, name, None) for name in values}
+    config.update(**values)
+    try:
+        yield
+    finally:
+        config.update(**old)
 
 
 @torch.inference_mode()
@@ -123,13 +141,15 @@ def transformers_generate(mm: MedusaModel, prompt: str, max_new_tokens: int,
                               eos_token_id=sorted(mm.eos_token_ids) or None,
                               pad_token_id=padding_id(mm.tokenizer, mm.eos_token_ids),
                               **options.get("generation", {}))
-    extra = {"assistant_model": options["assistant_model"]} if "assistant_model" in options else {}
-    if mm.device.type == "cuda":
-        torch.cuda.synchronize(mm.device)
-    start = time.perf_counter()
-    out = mm.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config, **extra)
-    if mm.device.type == "cuda":
-        torch.cuda.synchronize(mm.device)
+    assistant = options.get("assistant_model")
+    extra = {"assistant_model": assistant} if assistant is not None else {}
+    with assistant_settings(assistant, options.get("assistant", {})):
+        if mm.device.type == "cuda":
+            torch.cuda.synchronize(mm.device)
+        start = time.perf_counter()
+        out = mm.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config, **extra)
+        if mm.device.type == "cuda":
+            torch.cuda.synchronize(mm.device)
     return out[0, ids.shape[1]:].tolist(), time.perf_counter() - start
 
 

@@ -280,3 +280,19 @@ def test_corpus_command_writes_the_split_train_heads_reads(capsys, tmp_path):
     assert code == 0
     train, heldout = (tmp_path / "corpus" / "train.txt").read_text(), (tmp_path / "corpus" / "heldout.txt").read_text()
     assert "Paragraph 0 of" in train and "Paragraph 399 of" in heldout and "Paragraph 399" not in train
+
+
+def test_peer_check_holds_the_library_to_our_draft_length(tiny_llama):
+    """transformers reads the draft length from the assistant's own generation config and by
+    default varies it; the peer check sets it there, held constant, for the call only."""
+    from decoding.bench import assistant_settings, library_options
+
+    options = library_options(tiny_llama, DecodeSettings(method="draft-model", draft_tokens=3))
+    assistant = options["assistant_model"]
+    before = assistant.generation_config.to_dict()
+    with assistant_settings(assistant, options["assistant"]):
+        config = assistant.generation_config
+        assert (config.num_assistant_tokens, config.num_assistant_tokens_schedule) == (3, "constant")
+        assert not config.assistant_confidence_threshold  # never stops drafting early
+    assert assistant.generation_config.to_dict() == before
+    assert library_options(tiny_llama, DecodeSettings(method="draft-model", draft_top_k=2)) is None
