@@ -9,8 +9,9 @@ import plotly.graph_objects as go
 from decoding.stats import Timing, round_cost, round_end_times
 from decoding.trace import RunTrace
 
+from . import lanes
 from .figure_style import LAPTOP, Look, base_layout, message_figure
-from .palette import ACCEPTED, AR, MEDUSA, head_colour
+from .palette import ACCEPTED, AR, head_colour
 from .race import RaceResult
 
 
@@ -27,12 +28,12 @@ def timeline(trace: RunTrace) -> tuple[list[float], list[int]]:
 
 
 def race_figure(result: RaceResult | None, until: float | None = None, look: Look = LAPTOP) -> go.Figure:
-    """Tokens against time for the replayed race, as measured; `until` cuts the replay."""
+    """Tokens against time for the replayed race, one line per lane, as measured; `until` cuts the replay."""
     if result is None:
         return message_figure("Press Race to measure both decoders.", look)
-    ar, medusa = result.shown
     fig = go.Figure()
-    for trace, name, colour in ((ar, "plain decoding", AR), (medusa, "Medusa", MEDUSA)):
+    for lane, trace in result.shown.items():
+        name, colour = lanes.title(lane), lanes.colour(lane)
         times, counts = timeline(trace)
         if until is not None:
             keep = [i for i, t in enumerate(times) if t <= until]
@@ -42,8 +43,8 @@ def race_figure(result: RaceResult | None, until: float | None = None, look: Loo
             marker=dict(size=5 * look.scale), name=f"{name}: {trace.forward_passes} passes",
             hovertemplate=f"{name}<br>%{{y}} tokens at %{{x:.3f}} s<extra></extra>",
         ))
-    fig.update_layout(title=dict(text=f"The median race, replayed (race {result.pairs.index(result.shown) + 1} "
-                                      f"of {len(result.pairs)})", x=0.01),
+    fig.update_layout(title=dict(text=f"The median race, replayed (race {result.shown_index + 1} of "
+                                      f"{len(result.races)}: {lanes.title(result.focus)}'s median)", x=0.01),
                       legend=dict(orientation="h", yanchor="bottom", y=1.0, x=1, xanchor="right"))
     fig.update_xaxes(title="decoding seconds since the run started (prefill included)", rangemode="tozero")
     fig.update_yaxes(title="tokens", rangemode="tozero")
@@ -72,11 +73,11 @@ def acceptance_by_depth(trace: RunTrace) -> list[tuple[int, float, float]]:
 
 
 def accepted_histogram(trace: RunTrace, look: Look = LAPTOP) -> go.Figure:
-    """Rounds by tokens added: 1 = only the base model's token, more = heads were right."""
+    """Rounds by tokens added: 1 = only the base model's token, more = the drafter was right."""
     counts = accepted_length_counts(trace)
     lengths = list(range(1, max(counts, default=1) + 1))
     fig = go.Figure(go.Bar(
-        x=lengths, y=[counts.get(k, 0) for k in lengths], marker_color=MEDUSA,
+        x=lengths, y=[counts.get(k, 0) for k in lengths], marker_color=lanes.colour(trace.settings.method),
         hovertemplate="%{y} round(s) added %{x} token(s)<extra></extra>",
     ))
     fig.update_layout(title=dict(text=f"Tokens added per pass (mean {trace.mean_accepted:.2f})", x=0.01))
@@ -86,11 +87,12 @@ def accepted_histogram(trace: RunTrace, look: Look = LAPTOP) -> go.Figure:
 
 
 def head_acceptance_figure(trace: RunTrace, look: Look = LAPTOP) -> go.Figure:
-    """Per head: how often its guess made it into the output, overall and once it had a chance."""
+    """Per head (or guess depth): how often its guess made it into the output, overall and once it had a chance."""
     rows = acceptance_by_depth(trace)
     if not rows:
-        return message_figure("Run Medusa to see how often each head is right.", look)
-    heads = [f"head {d}" for d, _, _ in rows]
+        return message_figure("Run a drafter to see how often its guesses are right.", look)
+    method = trace.settings.method
+    heads = [lanes.guess_name(method, d) for d, _, _ in rows]
     colours = [head_colour(d) for d, _, _ in rows]
     fig = go.Figure([
         go.Bar(x=heads, y=[a for _, a, _ in rows], name="of all rounds", marker_color=colours,
@@ -100,7 +102,8 @@ def head_acceptance_figure(trace: RunTrace, look: Look = LAPTOP) -> go.Figure:
                hovertemplate="%{x}: accepted in %{y:.0%} of the rounds whose path got this deep"
                              "<extra></extra>"),
     ])
-    fig.update_layout(title=dict(text="Acceptance rate per head (= depth)", x=0.01), barmode="group",
+    title = "Acceptance rate per head (= depth)" if method == "medusa" else "Acceptance rate per guess depth"
+    fig.update_layout(title=dict(text=title, x=0.01), barmode="group",
                       legend=dict(orientation="h", yanchor="bottom", y=1.0, x=1, xanchor="right"))
     fig.update_yaxes(tickformat=".0%", range=[0, 1.05])
     fig = base_layout(fig, height=round(300 * look.scale), look=look, uirevision="heads")
@@ -108,13 +111,14 @@ def head_acceptance_figure(trace: RunTrace, look: Look = LAPTOP) -> go.Figure:
     return fig
 
 
-def speed_figure(medusa: RunTrace, race: RaceResult | None, look: Look = LAPTOP) -> go.Figure:
-    """Tokens per pass (what the heads buy) against the measured speedup (what you get)."""
-    per_pass = Timing.of(medusa).tokens_per_pass
-    bars = [("tokens per pass", per_pass, f"{per_pass:.2f}", MEDUSA)]
-    if race is not None:
-        cost, median = round_cost(race.ar_timing, race.medusa_timing), race.spread.median
-        bars += [("cost of a Medusa round<br>(in plain steps)", cost, f"{cost:.2f}×", AR),
+def speed_figure(run: RunTrace, race: RaceResult | None, look: Look = LAPTOP) -> go.Figure:
+    """Tokens per pass (what the drafter buys) against the measured speedup (what you get)."""
+    per_pass = Timing.of(run).tokens_per_pass
+    method = run.settings.method
+    bars = [("tokens per pass", per_pass, f"{per_pass:.2f}", lanes.colour(method))]
+    if race is not None and method in race.lanes:
+        cost, median = round_cost(race.timing("ar"), race.timing(method)), race.spread(method).median
+        bars += [(f"cost of a {lanes.title(method)} round<br>(in plain steps)", cost, f"{cost:.2f}×", AR),
                  ("measured speedup<br>(median of the races)", median, f"{median:.2f}×", ACCEPTED)]
     names, values, labels, colours = (list(column) for column in zip(*bars))
     fig = go.Figure(go.Bar(x=names, y=values, marker_color=colours, text=labels, textposition="outside",
@@ -122,4 +126,3 @@ def speed_figure(medusa: RunTrace, race: RaceResult | None, look: Look = LAPTOP)
     fig.update_layout(title=dict(text="Tokens per pass vs. wall-clock speedup", x=0.01))
     fig.update_yaxes(rangemode="tozero", range=[0, max(values) * 1.25 + 0.1])
     return base_layout(fig, height=round(300 * look.scale), look=look, uirevision="speed")
-

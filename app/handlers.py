@@ -23,15 +23,25 @@ from pathlib import Path
 import gradio as gr
 from gradio.components import Component
 
+from decoding import available_drafters
 from decoding.errors import DecodingError
 from decoding.generate import generate, stream
 from decoding.model import MedusaModel
 from decoding.settings import DecodeSettings
 from decoding.trace import RunTrace
 
-from . import charts, views
+from . import charts, lanes, race_views, views
 from .figure_style import Look
-from .inputs import RunRequest, decode_settings, describe_tree, format_choices, parse_tree_json
+from .inputs import (
+    RunRequest,
+    check_method,
+    decode_settings,
+    describe_tree,
+    format_choices,
+    parse_tree_json,
+    race_lanes,
+    whole,
+)
 from .models import ModelCache, offered_models, require_offered
 from .race import RaceResult, race
 from .text import Step, render_steps
@@ -61,8 +71,7 @@ class Page:
     tree_plot: Component
     mask_plot: Component
     race_status: Component
-    ar_pane: Component
-    medusa_pane: Component
+    race_lanes: Component
     race_plot: Component
     race_md: Component
     stats_md: Component
@@ -91,7 +100,7 @@ class Page:
         return [self.stream_box, self.summary, self.slider, self.round_md, self.tree_plot, self.mask_plot]
 
     def race_views(self) -> list[Component]:
-        return [self.race_status, self.ar_pane, self.medusa_pane, self.race_plot, self.race_md]
+        return [self.race_status, self.race_lanes, self.race_plot, self.race_md]
 
     def round_views(self) -> list[Component]:
         return [self.slider, self.round_md, self.tree_plot, self.mask_plot, self.stream_box]
@@ -122,9 +131,16 @@ def _load(name: str) -> MedusaModel:
         raise refusal(e) from e
 
 
-def _settings(model: MedusaModel, request: RunRequest) -> DecodeSettings:
+def _settings(model: MedusaModel, request: RunRequest, methods: list[str] | None = None) -> DecodeSettings:
     try:
-        return decode_settings(model, request)
+        return decode_settings(model, request, methods)
+    except DecodingError as e:
+        raise refusal(e) from e
+
+
+def _lanes(model: MedusaModel, request: RunRequest) -> list[str]:
+    try:
+        return race_lanes(model, request)
     except DecodingError as e:
         raise refusal(e) from e
 
@@ -142,8 +158,8 @@ def round_updates(page: Page, trace: RunTrace | None, index: int, look: Look) ->
     return {page.slider: slider, page.round_md: view.info, page.tree_plot: view.tree, page.mask_plot: view.mask}
 
 
-def run_medusa(page: Page, values: dict) -> Iterator[dict]:
-    """Stream a Medusa run into the Playground."""
+def run_drafter(page: Page, values: dict) -> Iterator[dict]:
+    """Stream a run of the chosen drafter into the Playground."""
     pressed = time.perf_counter()
     request, look = page.read(values), page.look(values)
     model = _load(request.model)
@@ -181,27 +197,29 @@ def show_run(page: Page, values: dict) -> dict:
 
 # ----------------------------------------------------------------------------- race
 
-def race_updates(page: Page, view: views.RaceView) -> dict:
-    return {page.race_status: view.status, page.ar_pane: view.ar_pane, page.medusa_pane: view.medusa_pane,
-            page.race_plot: view.figure, page.race_md: view.verdict}
+def race_updates(page: Page, view: race_views.RaceView) -> dict:
+    return {page.race_status: view.status, page.race_lanes: view.lanes, page.race_plot: view.figure,
+            page.race_md: view.verdict}
 
 
 def run_race(page: Page, values: dict) -> Iterator[dict]:
-    """Several alternating races after a warm-up; the median one is replayed, then shown."""
+    """Plain decoding and each ticked drafter, several races in rotating order after a warm-up;
+    the median race is replayed, then the Playground's drafter's run in it is shown there."""
     request, look = page.read(values), page.look(values)
     model = _load(request.model)
-    settings = _settings(model, request)
+    drafters = _lanes(model, request)
+    settings = _settings(model, request, drafters)
     last_push, last_phase = 0.0, ""
     try:
-        for frame in race(model, request.prompt, settings, request.races):
+        for frame in race(model, request.prompt, settings, drafters, request.races, focus=request.method):
             now = time.perf_counter()
             if frame.phase == last_phase and frame.phase != "done" and now - last_push < PUSH_EVERY:
                 continue
-            update = race_updates(page, views.race_view(frame, look))
+            update = race_updates(page, race_views.race_view(frame, look))
             if not last_phase:  # the first frame: show the Race tab, clear the last race's verdict
                 update[page.tabs] = gr.Tabs(selected="race")
             if frame.result is not None:
-                update |= {page.race_state: frame.result, page.run_state: frame.result.shown[1]}
+                update |= {page.race_state: frame.result, page.run_state: frame.result.shown[frame.result.focus]}
             last_push, last_phase = now, frame.phase
             yield update
     except DecodingError as e:
@@ -232,8 +250,9 @@ def after_run(page: Page, values: dict) -> dict:
     result: RaceResult | None = values[page.race_state]
     look = page.look(values)
     run_file = write_json("medusa_trace.json", run.to_dict()) if run else None
-    race_file = (write_json("race_traces.json", {"races": [{"ar": ar.to_dict(), "medusa": medusa.to_dict()}
-                                                           for ar, medusa in result.pairs]})
+    race_file = (write_json("race_traces.json", {
+        "lanes": result.lanes, "focus": result.focus,
+        "races": [{lane: trace.to_dict() for lane, trace in runs.items()} for runs in result.races]})
                  if result else None)
     return {
         page.stats_md: views.stats_text(run, result),
@@ -298,17 +317,29 @@ def play_tick(page: Page, values: dict) -> dict:
 
 # ----------------------------------------------------------------------------- settings
 
-def switch_model(name: str, previous: str) -> tuple:
-    """Load the chosen model; if it cannot load, say why and go back to the previous one."""
+def switch_model(name: str, previous: str, method: str) -> tuple:
+    """Load the chosen model; if it cannot load, say why and go back to the previous one. The
+    drafter choices become the new model's; the chosen drafter stays where the model offers it."""
     try:
         model = cache.get(require_offered(name))
     except DecodingError as e:
         gr.Warning(toast_text(e))
-        return (previous, previous, gr.skip(), gr.skip(), gr.skip(), gr.skip())
+        return (previous, previous, *[gr.skip()] * 6)
+    drafters = available_drafters(model)
     return (gr.skip(), name, views.model_card(model),
             gr.Slider(maximum=model.num_heads, value=model.num_heads),
             gr.Dropdown(choices=list(model.trees), value=model.default_tree),
-            format_choices(model.trees[model.default_tree]))
+            format_choices(model.trees[model.default_tree]),
+            gr.Radio(choices=lanes.choices(drafters), value=method if method in drafters else drafters[0]),
+            gr.CheckboxGroup(choices=lanes.choices(drafters, short=True), value=drafters))
+
+
+def drafter_controls(method: str) -> tuple:
+    """The tree's controls for Medusa, the draft length for a draft model, the lookup length for
+    prompt lookup: only the chosen drafter's are shown."""
+    medusa = method == "medusa"
+    return (*[gr.update(visible=medusa)] * 4, gr.Slider(visible=method == "draft-model"),
+            gr.Slider(visible=method == "prompt-lookup"))
 
 
 def preset_text(model_name: str, preset: str) -> str:
@@ -332,19 +363,28 @@ def acceptance_controls(acceptance: str) -> tuple:
 
 def trace_api(prompt: str, max_new_tokens: int = DecodeSettings.max_new_tokens, acceptance: str = "greedy",
               tree: str = "default", num_heads: int = 0, model: str = "",
-              temperature: float = DecodeSettings.temperature, seed: int = -1) -> dict:
-    """Run Medusa on `prompt` and return the whole trace as JSON (the schema of decoding.trace).
+              temperature: float = DecodeSettings.temperature, seed: int = -1, method: str = "medusa",
+              draft_tokens: int = DecodeSettings.draft_tokens,
+              lookup_tokens: int = DecodeSettings.lookup_tokens) -> dict:
+    """Decode `prompt` and return the whole trace as JSON (the schema of decoding.trace).
 
-    `tree` is a preset name, "default", or a choices list as JSON; `num_heads` 0 uses all heads;
-    `model` "" uses the page's default model, and any other value must be a model the page
-    offers; `seed` -1 draws a fresh one.
+    `method` is "medusa", "draft-model", "prompt-lookup" (whichever the model offers) or "ar"
+    (plain decoding); `draft_tokens` is the draft model's tokens a round, `lookup_tokens` the most
+    tokens prompt lookup copies. `tree` is a preset name, "default", or a choices list as JSON
+    (Medusa only); `num_heads` 0 uses all heads; `model` "" uses the page's default model, and any
+    other value must be a model the page offers; `seed` -1 draws a fresh one.
     """
     try:
         mm = cache.get(require_offered(model or offered_models()[0]))
-        spec = tree if tree == "default" or tree in mm.trees else parse_tree_json(tree)
-        settings = DecodeSettings(max_new_tokens=int(max_new_tokens), acceptance=acceptance,
-                                  temperature=float(temperature), tree=spec,
-                                  num_heads=int(num_heads) or None, seed=None if seed < 0 else int(seed))
+        method = check_method(mm, method, plain=True)
+        medusa = method == "medusa"
+        spec = tree if not medusa or tree == "default" or tree in mm.trees else parse_tree_json(tree)
+        settings = DecodeSettings(method=method, max_new_tokens=whole(max_new_tokens, "max_new_tokens"),
+                                  acceptance=acceptance, temperature=float(temperature), tree=spec,
+                                  num_heads=(int(num_heads) or None) if medusa else None,
+                                  seed=None if seed < 0 else int(seed),
+                                  draft_tokens=whole(draft_tokens, "draft_tokens"),
+                                  lookup_tokens=whole(lookup_tokens, "lookup_tokens"))
         return generate(mm, prompt, settings).to_dict()
     except DecodingError as e:
         raise refusal(e) from e

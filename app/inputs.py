@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from decoding import available_drafters
 from decoding.errors import DecodingError
 from decoding.model import MedusaModel
 from decoding.settings import DecodeSettings
@@ -36,6 +37,10 @@ class RunRequest:
     tree_text: str = ""  # the tree editor's JSON; "" means the preset as it is
     num_heads: int = 0  # 0: all the model's heads
     races: int = DEFAULT_RACES
+    method: str = "medusa"  # the Playground's drafter
+    draft_tokens: int = DEFAULTS.draft_tokens
+    lookup_tokens: int = DEFAULTS.lookup_tokens
+    lanes: tuple[str, ...] = ("medusa",)  # the drafters the race runs beside plain decoding
 
 
 def parse_tree_json(text: str) -> list[list[int]]:
@@ -83,17 +88,56 @@ def tree_spec(model: MedusaModel, preset: str, text: str, num_heads: int) -> str
     return [list(path) for path in checked_tree(choices, preset_choices, model.num_heads, num_heads).paths]
 
 
-def decode_settings(model: MedusaModel, request: RunRequest) -> DecodeSettings:
-    """The visitor's choices as engine settings, validated (DecodingError if anything is off)."""
+def whole(value: object, name: str) -> int:
+    """A number a visitor (or an API client) typed, as an int, or DecodingError saying what is wrong."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise DecodingError(f"{name} must be a whole number, not {value!r}") from None
+    if not number.is_integer():
+        raise DecodingError(f"{name} must be a whole number, not {value!r}")
+    return int(number)
+
+
+def check_method(model: MedusaModel, method: object, plain: bool = False) -> str:
+    """`method` if `model` can run it (plain decoding "ar" too where `plain`), else DecodingError."""
+    offered = (["ar"] if plain else []) + available_drafters(model)
+    if method not in offered:
+        raise DecodingError(f"{model.name} offers no drafter {method!r}: choose one of {', '.join(offered)}")
+    return str(method)
+
+
+def decode_settings(model: MedusaModel, request: RunRequest, methods: list[str] | None = None) -> DecodeSettings:
+    """The visitor's choices as engine settings for `methods` (default: the Playground's drafter),
+    all of which the model must offer; the first is the settings' method. Validated: DecodingError
+    if anything is off. The tree is read only where Medusa runs: a half-edited tree never blocks a
+    draft model or prompt lookup."""
+    methods = [check_method(model, method, plain=True) for method in (methods or [request.method])]
+    medusa = "medusa" in methods
     heads = int(request.num_heads) or model.num_heads
-    if not 1 <= heads <= model.num_heads:
+    if medusa and not 1 <= heads <= model.num_heads:
         raise DecodingError(f"{model.name} has {model.num_heads} heads: use 1 to {model.num_heads}")
     seed = request.seed
     settings = DecodeSettings(
-        method="medusa", max_new_tokens=int(request.max_new_tokens), acceptance=request.acceptance,
+        method=methods[0], max_new_tokens=whole(request.max_new_tokens, "max_new_tokens"),
+        acceptance=request.acceptance,
         temperature=float(request.temperature), epsilon=float(request.epsilon), delta=float(request.delta),
         seed=None if seed is None or seed < 0 else int(seed),
-        tree=tree_spec(model, request.preset, request.tree_text, heads), num_heads=heads,
+        tree=tree_spec(model, request.preset, request.tree_text, heads) if medusa else "default",
+        num_heads=heads if medusa else None,
+        draft_tokens=whole(request.draft_tokens, "draft_tokens"),
+        lookup_tokens=whole(request.lookup_tokens, "lookup_tokens"),
     )
     settings.validate()
     return settings
+
+
+def race_lanes(model: MedusaModel, request: RunRequest) -> list[str]:
+    """The drafters ticked for the race, in the order the model offers them (each checked)."""
+    ticked = list(request.lanes or [])
+    if not ticked:
+        raise DecodingError("tick at least one drafter (Medusa, draft model, prompt lookup) to race against "
+                            "plain decoding")
+    for lane in ticked:
+        check_method(model, lane)
+    return [name for name in available_drafters(model) if name in ticked]

@@ -17,23 +17,28 @@ from pathlib import Path
 
 import gradio as gr
 
+from decoding import available_drafters
+from decoding.model import MedusaModel
 from decoding.prompts import example_prompts
 from decoding.settings import DecodeSettings
 
-from . import handlers
+from . import handlers, lanes
 from .figure_style import MASK_SHARE, SIDEBAR_CLOSED_BELOW, SIDEBAR_PX, message_figure
 from .gpu import ON_ZERO_GPU, gpu
 from .handlers import Page
 from .inputs import describe_tree, format_choices
 from .models import missing_models, model_choices, warm_up
 from .race import DEFAULT_RACES, MAX_RACES
+from .race_views import RACE_IDLE
 from .text import Step, load_steps, load_text, render_steps
-from .views import RACE_IDLE, learn_banner, model_card, stats_figures, stats_text, stream_view
+from .views import learn_banner, model_card, stats_figures, stats_text, stream_view
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 MODEL_QUEUE = "model"
 PRIVATE = dict(api_visibility="private")
 MAX_NEW_TOKENS_UI = 256
+MAX_DRAFT_UI = 10  # the sliders' ranges; the API takes up to the engine's MAX_DRAFT_TOKENS
+MAX_LOOKUP_UI = 20
 PLAY_EVERY = 1.5  # seconds per round when playing; drawing a 64-node round takes most of a second
 DEFAULT_PROMPTS = ["It was a fine morning, and Elizabeth", "My dear Emma, said Mr. Knightley,"]
 DEFAULTS = DecodeSettings()
@@ -62,9 +67,9 @@ POINT_AT = """() => {{ const el = document.getElementById('{elem}');
              setTimeout(() => el.classList.remove('pointed'), 2200); }} }}"""
 # A click on a pass in the output stream selects its round (see handlers.jump_to_round).
 # New output scrolls into view, or the marked round when one is selected.
-FOLLOW_OUTPUT = """watch('value', () => { const box = element.querySelector('.stream'); if (!box) return;
+FOLLOW_OUTPUT = """watch('value', () => { for (const box of element.querySelectorAll('.stream')) {
   const current = box.querySelector('.pass.current');
-  if (current) current.scrollIntoView({block: 'nearest'}); else box.scrollTop = box.scrollHeight; });"""
+  if (current) current.scrollIntoView({block: 'nearest'}); else box.scrollTop = box.scrollHeight; } });"""
 STREAM_CLICKS = FOLLOW_OUTPUT + """
 element.addEventListener('click', (e) => {
   const pass = e.target.closest('[data-round]');
@@ -113,6 +118,7 @@ def build_demo() -> gr.Blocks:
 
         with gr.Sidebar(label="Decoding settings", open=True, width=SIDEBAR_PX):
             gr.Markdown("### Decoding settings")
+            drafter = _drafter_controls(model)
             acceptance = gr.Radio([("greedy (output unchanged)", "greedy"), ("typical acceptance", "typical"),
                                    ("lossless sampling", "sample")], value=DEFAULTS.acceptance, label="Acceptance")
             temperature = gr.Slider(0.05, 2.0, value=DEFAULTS.temperature, step=0.05, label="Temperature",
@@ -121,15 +127,6 @@ def build_demo() -> gr.Blocks:
             delta = gr.Slider(0.0, 1.0, value=DEFAULTS.delta, step=0.05, label="δ (entropy-scaled threshold)",
                               visible=False)
             seed = gr.Number(value=-1, precision=0, label="Seed (-1 = random)", visible=False)
-            preset = gr.Dropdown(list(model.trees), value=model.default_tree, label="Tree preset",
-                                 elem_id="tree-preset")
-            tree_json = gr.Code(format_choices(model.trees[model.default_tree]), language="json",
-                                label="Tree (Medusa choices: one path of ranks per node)", lines=6, max_lines=12,
-                                elem_id="tree-json")
-            tree_md = gr.Markdown(describe_tree(tree_json.value, model.trees[model.default_tree],
-                                                model.num_heads, model.num_heads), elem_id="tree-status")
-            num_heads = gr.Slider(1, model.num_heads, value=model.num_heads, step=1, precision=0,
-                                  label="Heads to use")
 
         with gr.Row(elem_id="prompt-row"):
             with gr.Column(scale=3):
@@ -151,7 +148,7 @@ def build_demo() -> gr.Blocks:
             with gr.Tab("Playground", id="playground"):
                 playground = _playground_tab()
             with gr.Tab("Race", id="race"):
-                race_tab = _race_tab(tabs)
+                race_tab = _race_tab(tabs, available_drafters(model))
             with gr.Tab("Stats", id="stats"):
                 stats_md = gr.Markdown(stats_text(None, None), elem_id="stats-explanation")
                 with gr.Column(elem_id="stats-figures"):
@@ -173,16 +170,17 @@ def build_demo() -> gr.Blocks:
         timer = gr.Timer(PLAY_EVERY, active=False)
         page = Page(
             request=dict(prompt=prompt, model=model_dd, max_new_tokens=max_new, acceptance=acceptance,
-                         temperature=temperature, epsilon=epsilon, delta=delta, seed=seed, preset=preset,
-                         tree_text=tree_json, num_heads=num_heads, races=race_tab["races"]),
+                         temperature=temperature, epsilon=epsilon, delta=delta, seed=seed,
+                         races=race_tab["races"], lanes=race_tab["lanes"],
+                         **{k: v for k, v in drafter.items() if k != "tree_status"}),
             projector=projector, width=width, tabs=tabs, run_state=run_state, race_state=race_state,
             stats_md=stats_md, stats_plots=[hist_plot, heads_plot, speed_plot], banner_md=banner_md,
             step_mds=step_mds, run_download=run_dl, race_download=race_dl, playing=playing, timer=timer,
-            steps=steps, **playground, **{k: v for k, v in race_tab.items() if k != "races"},
+            steps=steps, **playground, **{k: v for k, v in race_tab.items() if k not in ("races", "lanes")},
         )
         _wire_runs(page, run_btn, race_btn)
         _wire_rounds(page)
-        _wire_settings(page, model_dd, current_model, model_md, example_dd, examples, tree_md)
+        _wire_settings(page, model_dd, current_model, model_md, example_dd, examples, drafter["tree_status"])
         demo.load(None, None, width, js=ON_LOAD, **PRIVATE)
         tabs.change(None, js=RESIZE_PLOTS, **PRIVATE)
         projector.change(None, projector, None, js=TOGGLE_PROJECTOR, **PRIVATE)
@@ -216,22 +214,50 @@ def _playground_tab() -> dict:
                 play_button=play_btn)
 
 
-def _race_tab(tabs: gr.Tabs) -> dict:
+def _drafter_controls(model: MedusaModel) -> dict:
+    """The drafter and its settings: the tree for Medusa, the draft length for a draft model, the
+    lookup length for prompt lookup (only the chosen drafter's are shown; see handlers.drafter_controls)."""
+    drafters = available_drafters(model)
+    method = "medusa" if "medusa" in drafters else drafters[0]
+    medusa = method == "medusa"
+    controls = dict(method=gr.Radio(lanes.choices(drafters), value=method, label="Drafter (who guesses ahead)",
+                                    elem_id="drafter"))
+    controls["preset"] = gr.Dropdown(list(model.trees), value=model.default_tree, label="Tree preset",
+                                     elem_id="tree-preset", visible=medusa)
+    controls["tree_text"] = gr.Code(format_choices(model.trees[model.default_tree]), language="json",
+                                    label="Tree (Medusa choices: one path of ranks per node)", lines=6,
+                                    max_lines=12, elem_id="tree-json", visible=medusa)
+    controls["tree_status"] = gr.Markdown(describe_tree(controls["tree_text"].value, model.trees[model.default_tree],
+                                                        model.num_heads, model.num_heads),
+                                          elem_id="tree-status", visible=medusa)
+    controls["num_heads"] = gr.Slider(1, model.num_heads, value=model.num_heads, step=1, precision=0,
+                                      label="Heads to use", visible=medusa)
+    controls["draft_tokens"] = gr.Slider(1, MAX_DRAFT_UI, value=DEFAULTS.draft_tokens, step=1, precision=0,
+                                         label="Draft length (tokens the draft model writes a round)",
+                                         visible=method == "draft-model", elem_id="draft-tokens")
+    controls["lookup_tokens"] = gr.Slider(1, MAX_LOOKUP_UI, value=DEFAULTS.lookup_tokens, step=1, precision=0,
+                                          label="Lookup length (most tokens copied a round)",
+                                          visible=method == "prompt-lookup", elem_id="lookup-tokens")
+    return controls
+
+
+def _race_tab(tabs: gr.Tabs, drafters: list[str]) -> dict:
     with gr.Row(equal_height=True):
         races = gr.Slider(1, MAX_RACES, value=DEFAULT_RACES, step=1, precision=0, scale=3,
-                          label="Races (alternating plain / Medusa first, after a warm-up)", elem_id="race-count")
+                          label="Races (which lane runs first rotates, after a warm-up)", elem_id="race-count")
+        lanes_box = gr.CheckboxGroup(lanes.choices(drafters, short=True), value=drafters, scale=3,
+                                     elem_id="race-lanes-picker",
+                                     label="Lanes beside plain decoding")
         why = gr.Button("Why this speedup? See the Stats tab →", scale=1, elem_id="why-speedup")
     why.click(lambda: gr.Tabs(selected="stats"), None, tabs, **PRIVATE)
     race_md = gr.Markdown(elem_id="race-summary")
     race_status = gr.Markdown(RACE_IDLE, elem_id="race-status")
-    with gr.Row(elem_id="race-panes", equal_height=True):
-        ar_pane = gr.HTML(elem_id="ar-pane", js_on_load=FOLLOW_OUTPUT)
-        medusa_pane = gr.HTML(elem_id="medusa-pane", js_on_load=FOLLOW_OUTPUT)
+    race_lanes = gr.HTML(elem_id="race-panes", js_on_load=FOLLOW_OUTPUT)
     race_plot = gr.Plot(message_figure("Press Race to measure both decoders."), show_label=False,
                         elem_id="race-plot")
     gr.Markdown(load_text("timing_note.md"))
-    return dict(races=races, race_md=race_md, race_status=race_status, ar_pane=ar_pane,
-                medusa_pane=medusa_pane, race_plot=race_plot)
+    return dict(races=races, lanes=lanes_box, race_md=race_md, race_status=race_status, race_lanes=race_lanes,
+                race_plot=race_plot)
 
 
 def _handler(fn: Callable, page: Page) -> Callable[[dict], dict]:
@@ -254,7 +280,7 @@ def _wire_runs(page: Page, run_btn: gr.Button, race_btn: gr.Button) -> None:
     model_work = dict(concurrency_id=MODEL_QUEUE, concurrency_limit=1, show_progress="minimal", **PRIVATE)
     run_outputs = [page.tabs, page.run_state, *page.playground()]
     for trigger in (run_btn.click, page.request["prompt"].submit):
-        trigger(gpu(_streaming(handlers.run_medusa, page)), page.inputs(), run_outputs, **model_work).then(**after)
+        trigger(gpu(_streaming(handlers.run_drafter, page)), page.inputs(), run_outputs, **model_work).then(**after)
     run_btn.click(None, js=SCROLL_TO_ROUND, **PRIVATE)
     race_btn.click(None, js=SCROLL_TO_RESULTS, **PRIVATE)
     race_outputs = [page.tabs, page.run_state, page.race_state, *page.race_views()]
@@ -297,9 +323,13 @@ def _wire_settings(page: Page, model_dd: gr.Dropdown, current_model: gr.State, m
     request["acceptance"].change(handlers.acceptance_controls, request["acceptance"],
                                  [request["temperature"], request["epsilon"], request["delta"], request["seed"]],
                                  **PRIVATE)
-    model_dd.change(gpu(handlers.switch_model, duration=180), [model_dd, current_model],
+    model_dd.change(gpu(handlers.switch_model, duration=180), [model_dd, current_model, request["method"]],
                     [model_dd, current_model, model_md, request["num_heads"], request["preset"],
-                     request["tree_text"]], concurrency_id=MODEL_QUEUE, concurrency_limit=1, **PRIVATE)
+                     request["tree_text"], request["method"], request["lanes"]],
+                    concurrency_id=MODEL_QUEUE, concurrency_limit=1, **PRIVATE)
+    request["method"].change(handlers.drafter_controls, request["method"],
+                             [request["preset"], request["tree_text"], tree_md, request["num_heads"],
+                              request["draft_tokens"], request["lookup_tokens"]], **PRIVATE)
     request["preset"].change(handlers.preset_text, [model_dd, request["preset"]], request["tree_text"], **PRIVATE)
     for source in (request["tree_text"].change, request["num_heads"].change):
         source(handlers.tree_status, [request["tree_text"], request["num_heads"], model_dd, request["preset"]],

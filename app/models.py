@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from decoding import available_drafters
 from decoding.errors import DecodingError
 from decoding.generate import generate
 from decoding.heads import CONFIG_NAME as OWN_HEADS_CONFIG
@@ -180,5 +181,5 @@ class ModelCache:
 
 def warm_up(model: MedusaModel) -> None:
     """One short run of each decoder, so the first visitor does not pay for lazy initialisation."""
-    for method in ("ar", "medusa"):
+    for method in ("ar", *available_drafters(model)):
         generate(model, "It is", DecodeSettings(method=method, max_new_tokens=4))

@@ -1,7 +1,8 @@
 """One set of colours for every view, so a colour means the same thing on every figure.
 
 A token's colour says who produced it: grey-blue for the base model (the root token and the
-"bonus" token each pass ends with), one colour per Medusa head for the guesses the heads made.
+"bonus" token each pass ends with), one colour per depth for a drafter's guesses (Medusa's head d,
+a draft model's d-th token, the d-th copied token). Each race lane has its own line colour.
 Green always means "accepted". The head colours are the Okabe-Ito palette (safe for colour-blind
 viewers), minus its green so that green stays free for "accepted".
 """
@@ -16,6 +17,8 @@ BLOCKED = "#F1F5F9"
 ALLOWED = "#93C5FD"
 AR = "#64748B"
 MEDUSA = "#4F46E5"
+DRAFT_MODEL = "#C2410C"  # the race's other lanes
+PROMPT_LOOKUP = "#0891B2"
 INK = "#0F172A"  # text
 INK_FADED = "#94A3B8"  # text of rejected nodes
 INK_FADED_STRONG = "#64748B"  # the same on a projector, which washes out pale greys

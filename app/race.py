@@ -1,15 +1,18 @@
-"""The race: plain decoding against Medusa on the same prompt, several times, then one replayed.
+"""The race: plain decoding against every drafter the visitor ticked, on one prompt, several times.
 
 How the timing is taken (the page says so too, from assets/texts/timing_note.md):
-1. warm-up: a short run of each decoder, so neither pays for first-call initialisation;
-2. `races` races, each one plain (AR) run and one Medusa run to the end, alone on the hardware,
-   in alternating order (AR first, then Medusa first, ...), so neither always runs on a warmer or
-   busier machine. The clock is the engine's own: it counts only time inside the decoding loop;
-3. the speedup of each race (tokens per second, see `decoding.stats`) gives a median and a range;
-4. the race whose speedup is the median is replayed side by side in real time, on its clock.
-The two decoders never run at the same moment, and the page is not redrawn while either runs: on
-a laptop the browser shares the CPU, and a run measured while the page redraws would be measured
-under a load the other never had.
+1. warm-up: a short run of each lane, so none pays for first-call initialisation;
+2. `races` races; in each, every lane runs to the end alone on the hardware, in an order that
+   rotates from race to race (plain, Medusa, draft model; then Medusa, draft model, plain; ...),
+   so no lane always runs first, on a colder or a warmer machine. The clock is the engine's own:
+   it counts only time inside the decoding loop;
+3. each lane's speedup in a race is its tokens per second over plain decoding's in that same race
+   (see `decoding.stats`); over the races, a median and a range per lane;
+4. the race whose speedup for the focus lane is that lane's median is replayed, every lane on
+   one clock.
+No two lanes ever run at the same moment, and the page is not redrawn while one runs: on a laptop
+the browser shares the CPU, and a lane measured while the page redraws would be measured under a
+load the others never had.
 """
 
 from __future__ import annotations
@@ -19,45 +22,76 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from decoding.errors import DecodingError
 from decoding.generate import generate
 from decoding.model import MedusaModel
 from decoding.settings import DecodeSettings
-from decoding.stats import Spread, Timing, speedup, spread
+from decoding.stats import Spread, Timing, in_steps, speedup, spread
 from decoding.trace import RunTrace
 
+PLAIN = "ar"
 REPLAY_STEP = 0.05  # seconds between frames of the replay
 WARM_UP_TOKENS = 4
 DEFAULT_RACES = 3
 MAX_RACES = 7
 
 
+def lane_order(lanes: list[str], index: int) -> list[str]:
+    """The order race `index` runs its lanes in: the list rotated by one more place each race."""
+    shift = index % len(lanes)
+    return lanes[shift:] + lanes[:shift]
+
+
 @dataclass
 class RaceResult:
-    """Every race run so far, as (plain run, Medusa run) pairs in the order they were measured."""
+    """Every race run so far: one trace per lane, in the order the races were measured."""
 
-    pairs: list[tuple[RunTrace, RunTrace]] = field(default_factory=list)
-
-    @property
-    def speedups(self) -> list[float]:
-        return [speedup(Timing.of(ar), Timing.of(medusa)) for ar, medusa in self.pairs]
+    lanes: list[str]  # plain decoding first, then the drafters
+    focus: str  # the drafter whose median race is replayed and shown in the Playground
+    races: list[dict[str, RunTrace]] = field(default_factory=list)
 
     @property
-    def spread(self) -> Spread:
-        return spread(self.speedups)
+    def drafters(self) -> list[str]:
+        return [lane for lane in self.lanes if lane != PLAIN]
+
+    def speedups(self, lane: str) -> list[float]:
+        """The lane's speed over plain decoding's in each race (1.0 for plain decoding itself)."""
+        return [speedup(Timing.of(race[PLAIN]), Timing.of(race[lane])) for race in self.races]
+
+    def spread(self, lane: str) -> Spread:
+        return spread(self.speedups(lane))
+
+    def timing(self, lane: str) -> Timing:
+        """The lane's totals over every race."""
+        return Timing.of(race[lane] for race in self.races)
+
+    def draft_cost(self, lane: str) -> float:
+        """The lane's drafting alone, per round, in plain decoding steps (its time before each
+        verify pass: the heads, the draft model's passes or the lookup)."""
+        timing = self.timing(lane)
+        seconds = sum(rnd.time_draft for race in self.races for rnd in race[lane].rounds)
+        return in_steps(seconds / timing.rounds, self.timing(PLAIN)) if timing.rounds else 0.0
 
     @property
-    def shown(self) -> tuple[RunTrace, RunTrace]:
-        """The race whose speedup is the median (the lower of the middle two for an even count)."""
-        order = sorted(range(len(self.pairs)), key=lambda i: self.speedups[i])
-        return self.pairs[order[(len(order) - 1) // 2]]
+    def shown_index(self) -> int:
+        """The race whose focus speedup is the median (the lower of the middle two for an even count)."""
+        speeds = self.speedups(self.focus)
+        order = sorted(range(len(self.races)), key=lambda i: speeds[i])
+        return order[(len(order) - 1) // 2]
 
     @property
-    def ar_timing(self) -> Timing:
-        return Timing.of(ar for ar, _ in self.pairs)
+    def shown(self) -> dict[str, RunTrace]:
+        return self.races[self.shown_index]
 
-    @property
-    def medusa_timing(self) -> Timing:
-        return Timing.of(medusa for _, medusa in self.pairs)
+    def fastest(self) -> str:
+        """The drafter with the highest median speedup."""
+        return max(self.drafters, key=lambda lane: self.spread(lane).median)
+
+    def differing(self) -> list[tuple[str, int]]:
+        """(lane, race number) wherever a greedy lane wrote other tokens than plain decoding:
+        greedy speculative decoding must not change the text, so each one is a finding to report."""
+        return [(lane, number) for number, race in enumerate(self.races, 1) for lane in self.drafters
+                if race[lane].settings.acceptance == "greedy" and race[lane].tokens != race[PLAIN].tokens]
 
 
 @dataclass
@@ -66,42 +100,45 @@ class RaceFrame:
 
     phase: str  # "warm-up", "measuring", "replaying", "done"
     races: int  # how many races were asked for
+    lanes: list[str]
     finished: int = 0  # races measured so far
-    measuring: str = ""  # "ar" or "medusa" while measuring
+    measuring: str = ""  # the lane running while measuring
     result: RaceResult | None = None  # set once every race is measured
     clock: float = 0.0  # seconds on the replayed race's clock
 
     @property
-    def shown(self) -> tuple[RunTrace | None, RunTrace | None]:
-        return self.result.shown if self.result else (None, None)
+    def shown(self) -> dict[str, RunTrace]:
+        return self.result.shown if self.result else {}
 
 
-def race(model: MedusaModel, prompt: str, settings: DecodeSettings,
-         races: int = DEFAULT_RACES) -> Iterator[RaceFrame]:
-    """Measure `races` alternating races after a warm-up, then replay the median one."""
+def race(model: MedusaModel, prompt: str, settings: DecodeSettings, drafters: list[str],
+         races: int = DEFAULT_RACES, focus: str | None = None) -> Iterator[RaceFrame]:
+    """Race plain decoding and each of `drafters` (every one with `settings`, its method changed)
+    `races` times in rotating order after a warm-up, then replay the focus drafter's median race."""
+    if not drafters or PLAIN in drafters or len(set(drafters)) < len(drafters):
+        raise DecodingError("tick at least one drafter to race against plain decoding (each once)")
     races = max(1, min(int(races), MAX_RACES))
-    methods = {"ar": dataclasses.replace(settings, method="ar"),
-               "medusa": dataclasses.replace(settings, method="medusa")}
-    methods["medusa"].validate()
+    lanes = [PLAIN, *drafters]
+    methods = {lane: dataclasses.replace(settings, method=lane) for lane in lanes}
+    for lane_settings in methods.values():
+        lane_settings.validate()
 
-    yield RaceFrame("warm-up", races)
+    yield RaceFrame("warm-up", races, lanes)
     for warm in methods.values():
         generate(model, prompt, dataclasses.replace(warm, max_new_tokens=min(WARM_UP_TOKENS, settings.max_new_tokens)))
 
-    result = RaceResult()
+    result = RaceResult(lanes, focus if focus in drafters else drafters[0])
     for index in range(races):
-        order = ("ar", "medusa") if index % 2 == 0 else ("medusa", "ar")
         runs = {}
-        for method in order:
-            yield RaceFrame("measuring", races, index, method)
-            runs[method] = generate(model, prompt, methods[method])
-        result.pairs.append((runs["ar"], runs["medusa"]))
+        for lane in lane_order(lanes, index):
+            yield RaceFrame("measuring", races, lanes, index, lane)
+            runs[lane] = generate(model, prompt, methods[lane])
+        result.races.append(runs)
 
-    ar, medusa = result.shown
-    end = max(ar.total_time, medusa.total_time)
+    end = max(trace.total_time for trace in result.shown.values())
     clock, started = 0.0, time.perf_counter()
     while clock < end:
-        yield RaceFrame("replaying", races, races, result=result, clock=clock)
+        yield RaceFrame("replaying", races, lanes, races, result=result, clock=clock)
         time.sleep(min(REPLAY_STEP, end - clock))
         clock = min(time.perf_counter() - started, end)
-    yield RaceFrame("done", races, races, result=result, clock=end)
+    yield RaceFrame("done", races, lanes, races, result=result, clock=end)

@@ -18,8 +18,9 @@ from decoding.stats import rest_of_round_cost, round_cost, verify_cost
 from decoding.trace import RunTrace
 
 from .charts import acceptance_by_depth
+from .drafter_costs import drafter_comparison
 from .models import heads_recipe
-from .race import RaceResult
+from .race import PLAIN, RaceResult
 from .tokens import md_code, md_text
 from .tree_layout import leaf_count
 
@@ -122,9 +123,9 @@ def run_values(run: RunTrace) -> dict[str, str]:
 
 
 def race_values(race: RaceResult) -> dict[str, str]:
-    """Numbers only measured races give: time per round and the wall-clock speedup."""
-    ar, medusa = race.ar_timing, race.medusa_timing
-    cost, verify, spread = round_cost(ar, medusa), verify_cost(ar, medusa), race.spread
+    """Numbers only measured races give: Medusa's time per round and its wall-clock speedup."""
+    ar, medusa = race.timing(PLAIN), race.timing("medusa")
+    cost, verify, spread = round_cost(ar, medusa), verify_cost(ar, medusa), race.spread("medusa")
     return {
         "races": str(spread.count),
         "ar_seconds": f"{ar.seconds:.2f}",
@@ -142,10 +143,22 @@ def race_values(race: RaceResult) -> dict[str, str]:
     }
 
 
+def walkthrough_run(run: RunTrace | None, race: RaceResult | None) -> RunTrace | None:
+    """The Medusa run the walkthrough reads: the last run if it used the heads, else the race's
+    median Medusa lane, else none (the steps explain the heads, not another drafter)."""
+    if run is not None and run.settings.method == "medusa":
+        return run
+    if race is not None and "medusa" in race.lanes:
+        return race.shown["medusa"]
+    return None
+
+
 def explainer_values(run: RunTrace | None, race: RaceResult | None) -> dict[str, str]:
-    values = run_values(run) if run is not None and run.tree is not None else {}
-    if race is not None:
+    medusa = walkthrough_run(run, race)
+    values = run_values(medusa) if medusa is not None and medusa.tree is not None else {}
+    if race is not None and "medusa" in race.lanes:
         values |= race_values(race)
+    values["drafter_comparison"] = drafter_comparison(race)
     return values
 
 

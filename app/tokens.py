@@ -8,7 +8,8 @@ import re
 from decoding.stats import round_end_times
 from decoding.trace import RoundTrace, RunTrace
 
-from .palette import BASE, head_colour
+from .lanes import guess_name, who_guessed
+from .palette import BASE, HEADS, head_colour
 
 # Whitespace is invisible on a figure; these stand-ins make " the" and "the" look different.
 _VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
@@ -49,22 +50,23 @@ def md_text(text: str) -> str:
     return _MARKDOWN_SPECIAL.sub(r"\\\1", html.escape(one_line, quote=False))
 
 
-def _token_span(text: str, depth: int) -> str:
-    """One token: coloured by who produced it (depth 0 = the base model, d = head d)."""
+def _token_span(text: str, depth: int, method: str) -> str:
+    """One token: coloured by who produced it (depth 0 = the base model, d = the drafter's
+    guess d places after the root: Medusa's head d, the draft model's d-th step, a copy)."""
     colour = head_colour(depth)
-    kind = "base model" if depth == 0 else f"head {depth} guess, accepted"
+    kind = "base model" if depth == 0 else f"{guess_name(method, depth)} guess, accepted"
     return (
         f'<span class="tok {"tok-base" if depth == 0 else "tok-head"}" '
         f'style="--tok:{colour}" title="{kind}">{html.escape(text)}</span>'
     )
 
 
-def _pass_span(rnd: RoundTrace, current: int | None) -> str:
+def _pass_span(rnd: RoundTrace, current: int | None, method: str) -> str:
     """One round's tokens in a box; `data-round` lets a click on it select that round."""
-    heads = sum(rnd.emitted_from_heads)
-    spans = "".join(_token_span(text, depth + 1 if from_head else 0)
+    guessed = sum(rnd.emitted_from_heads)
+    spans = "".join(_token_span(text, depth + 1 if from_head else 0, method)
                     for depth, (text, from_head) in enumerate(zip(rnd.emitted_texts, rnd.emitted_from_heads)))
-    title = f"round {rnd.index + 1}: {rnd.accepted_length} token(s), {heads} from heads"
+    title = f"round {rnd.index + 1}: {rnd.accepted_length} token(s), {guessed} from {who_guessed(method)}"
     mark = " current" if rnd.index == current else ""
     return f'<span class="pass{mark}" data-round="{rnd.index + 1}" title="{title}">{spans}</span>'
 
@@ -78,27 +80,29 @@ def stream_html(trace: RunTrace | None, until: float | None = None, show_prompt:
     """
     if trace is None:
         return '<div class="stream stream-empty">Press <b>Run</b> to generate.</div>'
-    parts = []
+    parts, method = [], trace.settings.method
     if show_prompt:
         parts.append(f'<span class="prompt">{html.escape(trace.prompt)}</span>')
     if trace.prefill_token is not None and (until is None or trace.time_prefill <= until):
         parts.append('<span class="pass" title="prefill pass: the base model reads the prompt">'
-                     f"{_token_span(trace.prefill_text, 0)}</span>")
+                     f"{_token_span(trace.prefill_text, 0, method)}</span>")
     for end, rnd in zip(round_end_times(trace), trace.rounds):
         if until is not None and end > until:
             break
-        parts.append(_pass_span(rnd, current))
+        parts.append(_pass_span(rnd, current, method))
     if caret:
         parts.append('<span class="caret">▍</span>')
     return f'<div class="stream">{"".join(parts)}</div>'
 
 
-def legend_html(num_heads: int) -> str:
-    """The key to the stream's colours."""
+def legend_html(method: str, depth: int) -> str:
+    """The key to the stream's colours: the base model, then the drafter's guesses by depth."""
     items = [f'<span class="key" style="--tok:{BASE}">base model (1 per pass)</span>']
     items += [
-        f'<span class="key" style="--tok:{head_colour(d)}">head {d}</span>'
-        for d in range(1, num_heads + 1)
+        f'<span class="key" style="--tok:{head_colour(d)}">{guess_name(method, d)}</span>'
+        for d in range(1, min(depth, len(HEADS)) + 1)
     ]
+    if depth > len(HEADS):  # a long lookup chain: the colours start again
+        items.append(f'<span class="key-note">… to {guess_name(method, depth)}, colours repeating</span>')
     note = '<span class="key-note">a box = one forward pass (click it for its round)</span>'
     return f'<div class="legend">{"".join(items)}{note}</div>'

@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 from decoding.trace import RoundTrace, TreeTrace
 
 from .figure_style import LAPTOP, MASK_SHARE, SIDEBAR_CLOSED_BELOW, SIDEBAR_PX, Look, base_layout, message_figure
+from .lanes import guess_name
 from .palette import ACCEPTED, ALLOWED, BASE, BLOCKED, INK, head_colour
 from .tokens import figure_text
 from .tree_layout import leaf_count, tidy_layout
@@ -31,8 +32,15 @@ def tree_height(tree: TreeTrace, look: Look = LAPTOP) -> int:
     return round(min(TREE_MARGIN_PX + ROW_PX * rows, TREE_MAX_PX) * look.scale)
 
 
+def drafter_of(rnd: RoundTrace) -> str:
+    """Who proposed the round's guesses, as the trace records it per node (Medusa's heads in
+    traces older than that record)."""
+    return next((source for source in rnd.node_sources if source != "base"), "medusa")
+
+
 def head_prob(rnd: RoundTrace, tree: TreeTrace, node: int) -> float | None:
-    """The head's own softmax probability for the guess at `node` (None for the root)."""
+    """The drafter's own probability for the guess at `node`: a head's softmax or the draft
+    model's (None for the root, and for prompt lookup, which copies with no probability)."""
     if node == 0 or not rnd.heads_topk_probs:
         return None
     return rnd.heads_topk_probs[tree.heads[node] - 1][tree.ranks[node]]
@@ -58,14 +66,27 @@ def _node_hover(tree: TreeTrace, rnd: RoundTrace, node: int, accepted: set[int])
     verdict = "accepted ✓" if node in accepted else "rejected ✗"
     lines = [
         f"<b>node {node}</b> '{token}' — {verdict}",
-        f"head {tree.heads[node]}, rank {tree.ranks[node] + 1} (its top-{tree.ranks[node] + 1} guess)",
-        f"head's probability: {p_head:.2f}" if p_head is not None else "",
+        *_proposer(tree, rnd, node, p_head),
         f"base model's probability of it: {p_base:.2f}" if p_base is not None else "",
         f"base model's most likely token here: '{figure_text(rnd.base_argmax_texts[parent])}' "
         f"(p={rnd.base_argmax_probs[parent]:.2f})",
         after,
     ]
     return "<br>".join(line for line in lines if line)
+
+
+def _proposer(tree: TreeTrace, rnd: RoundTrace, node: int, p_head: float | None) -> list[str]:
+    """Who proposed the node, and how sure it was."""
+    depth, drafter = tree.depths[node], drafter_of(rnd)
+    if drafter == "draft-model":
+        rank = f" (its choice {tree.ranks[node] + 1} there)" if tree.ranks[node] else ""
+        return [f"the draft model's guess, {depth} token(s) after the root{rank}",
+                f"draft model's probability: {p_head:.2f}" if p_head is not None else ""]
+    if drafter == "prompt-lookup":
+        where = f"position {rnd.copied_from + depth - 1}" if rnd.copied_from is not None else "earlier"
+        return [f"copied from {where} of the text (prompt + answer so far)"]
+    return [f"head {tree.heads[node]}, rank {tree.ranks[node] + 1} (its top-{tree.ranks[node] + 1} guess)",
+            f"head's probability: {p_head:.2f}" if p_head is not None else ""]
 
 
 def _edge_trace(points: list[tuple[tuple[float, float], tuple[float, float]]], *, name: str,
@@ -89,8 +110,11 @@ def _label_size(tree: TreeTrace, height: int, look: Look) -> int:
 def tree_figure(tree: TreeTrace, rnd: RoundTrace, look: Look = LAPTOP) -> go.Figure:
     """The round's candidate tree: depth left to right, accepted path bold, rejected faded.
 
-    Colour = the head that guessed the node (depth d is head d); dot size = the head's
-    probability; ★ = the token the round chose after the accepted path (the next root).
+    Colour = the depth of the guess (Medusa's head d guesses depth d; a draft model's or a
+    copy's d-th token sits there too); dot size = the drafter's probability, where it has one;
+    ★ = the token the round chose after the accepted path (the next root). A chain (a draft
+    model's or prompt lookup's guesses) is one row, its labels above and below in turn so that
+    long chains stay readable.
     """
     if not rnd.node_tokens:
         return message_figure("This run was traced without per-node detail.", look)
@@ -99,6 +123,8 @@ def tree_figure(tree: TreeTrace, rnd: RoundTrace, look: Look = LAPTOP) -> go.Fig
     max_depth = max(tree.depths)
     height = tree_height(tree, look)
     label_size = _label_size(tree, height, look)
+    chain = leaf_count(tree.parents) == 1 and tree.size > 1
+    drafter = drafter_of(rnd)
     fig = go.Figure()
 
     rejected_edges = [(pos[tree.parents[n]], pos[n]) for n in range(1, tree.size) if n not in accepted]
@@ -108,39 +134,45 @@ def tree_figure(tree: TreeTrace, rnd: RoundTrace, look: Look = LAPTOP) -> go.Fig
     fig.add_trace(_edge_trace(accepted_edges, name="accepted path", colour=ACCEPTED, width=5 * look.scale))
     for depth in range(max_depth + 1):
         nodes = [n for n in range(tree.size) if tree.depths[n] == depth]
-        fig.add_trace(_node_trace(tree, rnd, nodes, pos, accepted, look, label_size))
+        fig.add_trace(_node_trace(tree, rnd, nodes, pos, accepted, look, label_size, chain))
     _add_next_token(fig, tree, rnd, pos, look, label_size)
 
     fig.update_xaxes(
         tickvals=list(range(max_depth + 2)),
-        ticktext=[_heading(d, max_depth, look) for d in range(max_depth + 2)],
+        ticktext=[_heading(d, max_depth, look, drafter) for d in range(max_depth + 2)],
         range=[-0.25, max_depth + 1.9], showgrid=False, zeroline=False, side="top", fixedrange=False,
     )
     fig.update_yaxes(visible=False, autorange="reversed")
     fig.update_layout(
-        title=dict(text=f"Round {rnd.index + 1} · {len(rnd.accepted_nodes) - 1} of {tree.size - 1} guesses accepted",
-                   x=0.01, y=0.99, font=dict(size=look.font(15))),
+        title=dict(text=tree_title(tree, rnd), x=0.01, y=0.99, font=dict(size=look.font(15))),
         showlegend=False,  # the column headings, in each head's colour, are the key
         dragmode=look.dragmode,
     )
     return base_layout(fig, height=height, look=look, uirevision=f"tree-{tree.name}-{tree.size}")
 
 
-def _heading(depth: int, max_depth: int, look: Look) -> str:
-    """A column's heading in the colour of its nodes: root, head 1..n, then the next token
-    (on a phone "h1".."hn" and "★", which fit side by side)."""
+def tree_title(tree: TreeTrace, rnd: RoundTrace) -> str:
+    if tree.size == 1:
+        return f"Round {rnd.index + 1} · no guesses: a plain step"
+    return f"Round {rnd.index + 1} · {len(rnd.accepted_nodes) - 1} of {tree.size - 1} guesses accepted"
+
+
+def _heading(depth: int, max_depth: int, look: Look, drafter: str) -> str:
+    """A column's heading in the colour of its nodes: root, the drafter's guesses by depth
+    (head 1..n, draft 1..n, copy 1..n), then the next token (on a phone "h1".."hn" and "★",
+    which fit side by side)."""
     if depth == 0:
         name = "root"
     elif depth > max_depth:
         name = "★" if look.narrow else "★ next"
     else:
-        name = f"h{depth}" if look.narrow else f"head {depth}"
+        name = guess_name(drafter, depth, short=look.narrow)
     colour = ACCEPTED if depth > max_depth else head_colour(depth)
     return f'<span style="color:{colour}"><b>{name}</b></span>'
 
 
 def _node_trace(tree: TreeTrace, rnd: RoundTrace, nodes: list[int], pos: dict[int, tuple[float, float]],
-                accepted: set[int], look: Look, label_size: int) -> go.Scatter:
+                accepted: set[int], look: Look, label_size: int, chain: bool) -> go.Scatter:
     """One depth's nodes: one legend entry per head, so the legend explains every colour."""
     depth = tree.depths[nodes[0]]
     sizes = []
@@ -151,9 +183,9 @@ def _node_trace(tree: TreeTrace, rnd: RoundTrace, nodes: list[int], pos: dict[in
     return go.Scatter(
         x=[pos[n][0] for n in nodes], y=[pos[n][1] for n in nodes],
         mode="markers+text",
-        name="root" if depth == 0 else f"head {depth} guess",
+        name="root" if depth == 0 else f"{guess_name(drafter_of(rnd), depth)} guess",
         text=[figure_text(rnd.node_texts[n], look.label_chars) for n in nodes],
-        textposition="middle right",
+        textposition=("top center" if depth % 2 else "bottom center") if chain else "middle right",
         # The accepted path's tokens are a size larger: on a crowded tree they are what to read.
         textfont=dict(size=[round(label_size * (1.25 if a else 1)) for a in on_path],
                       color=[INK if a else look.faded_ink for a in on_path]),
@@ -186,13 +218,16 @@ def next_token_hover(rnd: RoundTrace) -> str:
 
 def _add_next_token(fig: go.Figure, tree: TreeTrace, rnd: RoundTrace, pos: dict[int, tuple[float, float]],
                     look: Look, label_size: int) -> None:
-    """The star after the last accepted node: the token the round actually wrote there."""
-    x0, y0 = pos[rnd.accepted_nodes[-1]]
-    star_x = max(tree.depths) + 1
-    fig.add_trace(_edge_trace([((x0, y0), (star_x, y0))], name="", colour=ACCEPTED, width=2 * look.scale,
+    """The star after the last accepted node: the token the round actually wrote there. Where that
+    node has children (rejected guesses), the star sits half a row lower, so its dotted line does
+    not run through them (on a chain, through every rejected guess)."""
+    last = rnd.accepted_nodes[-1]
+    x0, y0 = pos[last]
+    star_x, star_y = max(tree.depths) + 1, y0 + (0.5 if last in tree.parents else 0.0)
+    fig.add_trace(_edge_trace([((x0, y0), (star_x, star_y))], name="", colour=ACCEPTED, width=2 * look.scale,
                               dash="dot", legend=False))
     fig.add_trace(go.Scatter(
-        x=[star_x], y=[y0], mode="markers+text", name="next token (the next root)",
+        x=[star_x], y=[star_y], mode="markers+text", name="next token (the next root)",
         text=[figure_text(next_token_text(rnd), look.label_chars)], textposition="middle right",
         textfont=dict(size=max(label_size, look.font(12)), color=INK),
         marker=dict(symbol="star", size=20 * look.marker_scale, color=BASE, line=dict(color=ACCEPTED, width=2)),

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import random
 
-from decoding.trace import RoundTrace, RunSettings, RunTrace, TreeTrace
+from app.race import RaceResult
+from decoding.trace import DrafterInfo, RoundTrace, RunSettings, RunTrace, TreeTrace
 
 WORDS = [" the", " of", " and", " to", " a", " her", " was", " in", " it", " she", " not", " be",
          ",", ".", "\n", " Elizabeth", " Darcy", " said", " had", " very", " with", " for"]
@@ -72,7 +73,8 @@ def make_round(tree: TreeTrace, index: int, accepted: list[int], t_start: float,
 def settings(method: str = "medusa", max_new_tokens: int = 32, tree: str | None = "test") -> RunSettings:
     return RunSettings(method=method, max_new_tokens=max_new_tokens, acceptance="greedy",
                        temperature=0.0, top_p=1.0, epsilon=0.09, delta=0.3, seed=None,
-                       tree=tree, num_heads=None)
+                       tree=tree, num_heads=None, draft_tokens=4 if method == "draft-model" else None,
+                       lookup_tokens=4 if method == "prompt-lookup" else None)
 
 
 def make_run(choices: list[list[int]], accepted_leaves: list[int], seed: int = 0) -> RunTrace:
@@ -81,6 +83,7 @@ def make_run(choices: list[list[int]], accepted_leaves: list[int], seed: int = 0
     tree = make_tree(choices)
     trace = RunTrace(model="hand-made", device="cpu", dtype="float32", settings=settings(),
                      prompt="It is a truth", prompt_tokens=[1, 2, 3, 4], tree=tree,
+                     drafter=DrafterInfo("medusa", "hand-made heads", 99_000, 396_000),
                      prefill_token=0, prefill_text=WORDS[0], time_prefill=0.01)
     t = trace.time_prefill
     root = 0
@@ -111,3 +114,37 @@ def make_ar_run(num_tokens: int, seconds_per_token: float = 0.004) -> RunTrace:
 
 
 SMALL_CHOICES = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
+
+
+def make_chain_run(method: str, accepted: list[int | None], length: int = 4, seed: int = 0) -> RunTrace:
+    """A finished draft-model or prompt-lookup run over a chain of `length` guesses: round k accepts
+    `accepted[k]` of them. Draft-model rounds take `length` draft passes (their draft time) with a
+    probability per guess; prompt-lookup rounds copy from position 2 + k, and where `accepted[k]`
+    is None the lookup found nothing: the round verifies its root alone."""
+    chain = [[0] * depth for depth in range(1, length + 1)]
+    run = make_run(chain, [count or 0 for count in accepted], seed)
+    run.settings, run.tree.name = settings(method, tree=f"chain-{length}"), f"chain-{length}"
+    for rnd, count in zip(run.rounds, accepted):
+        if count is None:  # a root-only round: the node lists keep the root alone
+            for name in ("node_tokens", "node_texts", "node_base_probs", "base_argmax_tokens",
+                         "base_argmax_texts", "base_argmax_probs"):
+                setattr(rnd, name, getattr(rnd, name)[:1])
+            rnd.heads_topk_tokens = []
+        rnd.node_sources = ["base"] + [method] * (rnd.tree_size - 1)
+        if method == "draft-model":
+            rnd.draft_passes = length
+            rnd.heads_topk_probs = [[0.5] for _ in range(length)]
+        else:
+            rnd.heads_topk_probs = []
+            rnd.copied_from = None if count is None else 2 + rnd.index
+    parameters = 30_000 if method == "draft-model" else 0
+    run.drafter = DrafterInfo(method, f"a hand-made {method}", parameters, 4 * parameters,
+                              6_000 if method == "draft-model" else 0)
+    return run
+
+
+def make_race(runs: dict[str, list[RunTrace]], focus: str = "medusa") -> RaceResult:
+    """A finished race: `runs[lane][k]` is that lane's trace in race k ("ar" must be there)."""
+    lanes = ["ar", *[lane for lane in runs if lane != "ar"]]
+    count = len(runs["ar"])
+    return RaceResult(lanes, focus, [{lane: runs[lane][k] for lane in lanes} for k in range(count)])

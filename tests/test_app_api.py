@@ -3,13 +3,15 @@ checks the page applies to what a visitor types (bad input becomes a message, ne
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 
 import pytest
 from gradio_client import Client
 
 from app.handlers import cache, switch_model, write_json
-from app.inputs import RunRequest, decode_settings, format_choices
+from app.inputs import RunRequest, decode_settings, format_choices, race_lanes
 from app.layout import DEFAULT_PROMPTS, build_demo, example_rows, launch_options
 from app.models import ModelCache, describe, offered_models, require_offered
 from app.screenshots import free_port
@@ -62,6 +64,31 @@ def test_trace_refuses_a_model_the_page_does_not_offer(client, tmp_path_factory)
     assert other not in cache.loaded()
 
 
+@pytest.mark.parametrize("method", ["draft-model", "prompt-lookup", "ar"])
+def test_trace_endpoint_runs_each_drafter_the_model_offers(client, method):
+    data = client.predict("It is a truth universally acknowledged, It is a truth", 10, "greedy", "default", 0, "",
+                          1.0, -1, method, 3, 5, api_name="/trace")
+    trace = RunTrace.from_dict(data)
+    assert trace.settings.method == method and len(trace.tokens) == 10
+    if method == "ar":
+        assert trace.tree is None and trace.drafter is None
+        return
+    assert trace.drafter.name == method and trace.tree.name == ("chain-3" if method == "draft-model" else "chain-5")
+    assert all(source == method for rnd in trace.rounds for source in rnd.node_sources[1:])
+    assert trace.settings.draft_tokens == (3 if method == "draft-model" else None)
+
+
+@pytest.mark.parametrize("method, lengths, message", [
+    ("nonsense", (4, 10), "offers no drafter 'nonsense': choose one of ar, medusa, draft-model, prompt-lookup"),
+    ("draft-model", (0, 10), "draft_tokens must be a whole number from 1 to 64"),
+    ("prompt-lookup", (4, 65), "lookup_tokens must be a whole number from 1 to 64"),
+    ("prompt-lookup", (4, 2.5), "lookup_tokens must be a whole number, not 2.5"),
+])
+def test_the_trace_endpoint_refuses_a_drafter_or_length_it_cannot_run(client, method, lengths, message):
+    with pytest.raises(Exception, match=re.escape(message)):
+        client.predict("It is", 4, "greedy", "default", 0, "", 1.0, -1, method, *lengths, api_name="/trace")
+
+
 def test_trace_endpoint_takes_a_custom_tree_and_fewer_heads(client):
     data = client.predict("It is a truth", 6, "greedy", "[[0], [0, 0], [1]]", 2, api_name="/trace")
     assert data["tree"]["choices"] == [[0], [1], [0, 0]]
@@ -95,7 +122,7 @@ def test_concurrent_visitors_take_turns_and_none_is_lost(client):
 def test_a_model_that_cannot_load_keeps_the_previous_one(client, tiny_model_dir):
     # Outside a page request, gr.Warning falls back to a Python warning.
     with pytest.warns(UserWarning, match="not offered here"):
-        dropdown, current, *_ = switch_model("/no/such/model", tiny_model_dir)
+        dropdown, current, *_ = switch_model("/no/such/model", tiny_model_dir, "medusa")
     assert dropdown == current == tiny_model_dir
 
 
@@ -134,6 +161,35 @@ def test_an_edited_tree_is_cut_to_the_heads_in_use(model):
 def test_bad_settings_raise_a_readable_error(model, tree_text, overrides, message):
     with pytest.raises(DecodingError, match=message):
         _settings(model, tree_text, overrides.pop("num_heads", model.num_heads), **overrides)
+
+
+def test_only_the_drafters_a_model_has_are_accepted(model):
+    without_draft = dataclasses.replace(model, draft=None)
+    with pytest.raises(DecodingError, match="offers no drafter 'draft-model': choose one of ar, medusa, prompt-lookup"):
+        decode_settings(without_draft, RunRequest(prompt="It is", model=model.name, method="draft-model"))
+    with pytest.raises(DecodingError, match="offers no drafter 'draft-model'"):
+        race_lanes(without_draft, RunRequest(prompt="It is", model=model.name, lanes=("medusa", "draft-model")))
+    with pytest.raises(DecodingError, match="tick at least one drafter"):
+        race_lanes(model, RunRequest(prompt="It is", model=model.name, lanes=()))
+    # Ticked in any order, the lanes run in the order the model offers them.
+    assert race_lanes(model, RunRequest(prompt="It is", model=model.name, lanes=("prompt-lookup", "medusa"))) == [
+        "medusa", "prompt-lookup"]
+
+
+def test_a_half_edited_tree_blocks_medusa_but_not_the_other_drafters(model):
+    for method in ("draft-model", "prompt-lookup"):
+        settings = _settings(model, "[[0], [0", model.num_heads, method=method, draft_tokens=3.0)
+        assert settings.method == method and settings.tree == "default" and settings.draft_tokens == 3
+    with pytest.raises(DecodingError, match="malformed"):
+        decode_settings(model, RunRequest(prompt="It is", model=model.name, preset=model.default_tree,
+                                          tree_text="[[0], [0"), ["prompt-lookup", "medusa"])
+
+
+def test_switching_models_offers_the_new_models_drafters(client, tiny_model_dir):
+    *_, method, lanes = switch_model(tiny_model_dir, tiny_model_dir, "draft-model")
+    assert method.value == "draft-model" and [name for _, name in method.choices] == [
+        "medusa", "draft-model", "prompt-lookup"]
+    assert lanes.value == ["medusa", "draft-model", "prompt-lookup"]
 
 
 def test_each_example_prompt_comes_with_its_model():

@@ -8,6 +8,7 @@ Without Chromium the tests skip, except under CI, where a missing browser is a f
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -135,10 +136,25 @@ def test_a_malformed_tree_is_explained_before_any_run(page):
         "document.querySelector('#tree-status')?.innerText.includes('4 nodes incl. root')", timeout=10_000)
 
 
-def test_races_report_a_median_clear_the_last_verdict_and_link_to_stats(page, shots):
+def test_races_run_a_lane_per_drafter_report_their_speedups_and_link_to_stats(page, shots):
+    started = time.perf_counter()
     verdict = run_race(page, races=3)
+    print(f"a race of 4 lanes x 3 races on the tiny model: {time.perf_counter() - started:.1f} s")
     assert "median of 3 races" in verdict and "range" in verdict and "passes" in verdict
-    assert plot_traces(page, "race-plot") == 2
+    # The tiny model has heads and a draft model: plain decoding and three drafters, out of the box.
+    lanes = page.locator("#race-panes .lane")
+    assert lanes.count() == 4 and plot_traces(page, "race-plot") == 4
+    assert [lanes.nth(i).get_attribute("data-lane") for i in range(4)] == [
+        "ar", "medusa", "draft-model", "prompt-lookup"]
+    for i in range(4):
+        assert "64 tokens" in lanes.nth(i).inner_text() and "done in" in lanes.nth(i).inner_text()
+    rows = page.locator("#race-summary table tbody tr")
+    assert rows.count() == 4
+    for i, name in enumerate(["Medusa", "Draft model", "Prompt lookup"], start=1):
+        cells = rows.nth(i).locator("td")
+        assert cells.nth(0).inner_text() == name
+        assert re.fullmatch(r"\d+\.\d\d× \(\d+\.\d\d–\d+\.\d\d×\)", cells.nth(5).inner_text())
+    assert "Every lane wrote exactly plain decoding's text" in verdict
     assert in_view(page, "#race-summary") == 1.0
     shoot(page, shots / "race.png", full_page=False)
 
@@ -152,9 +168,42 @@ def test_races_report_a_median_clear_the_last_verdict_and_link_to_stats(page, sh
     assert "per pass" in page.locator("#stats-explanation").inner_text()
     assert plot_traces(page, "stats-figures") >= 3
     open_tab(page, "Learn")
-    walk_to_step(page, 6)
+    walk_to_step(page, 2)
+    guess_step = page.locator("#learn-step-2").inner_text()
+    assert "The draft model, a second network" in guess_step and "plain steps" in guess_step
+    walk_to_step(page, 5)  # from step 2: to step 6
     speedup_step = page.locator("#learn-step-6").inner_text()
     assert "passes produced" in speedup_step and "—" not in speedup_step
+
+
+def test_unticking_every_lane_is_explained_and_the_race_still_runs_after(page):
+    open_tab(page, "Race")
+    for name in ("Medusa heads", "draft model", "prompt lookup"):
+        page.locator("#race-lanes-picker").get_by_label(name).uncheck()
+    page.click("#race-button")
+    page.get_by_text("tick at least one drafter").first.wait_for(timeout=15_000)
+    page.locator("#race-lanes-picker").get_by_label("prompt lookup").check()
+    verdict = run_race(page, races=1)
+    assert "Prompt lookup:" in verdict and page.locator("#race-panes .lane").count() == 2
+
+
+def test_the_drafter_picker_shows_each_drafters_own_controls_and_rounds(page):
+    sidebar = page.locator(".sidebar")
+    if not page.locator(".sidebar.open").count():
+        page.click(".sidebar .toggle-button")
+    assert page.locator("#tree-preset").is_visible() and not page.locator("#draft-tokens").is_visible()
+    sidebar.get_by_label("prompt lookup", exact=False).check()
+    page.locator("#lookup-tokens").wait_for(state="visible", timeout=10_000)
+    assert not page.locator("#tree-preset").is_visible() and not page.locator("#draft-tokens").is_visible()
+    run_prompt(page, "It is a truth universally acknowledged, It is a truth universally")
+    assert "(Prompt lookup)" in page.locator("#round-info").inner_text()
+    assert page.locator("#stream-box .legend").inner_text().count("copy") >= 1
+    sidebar.get_by_label("draft model", exact=False).check()
+    page.locator("#draft-tokens").wait_for(state="visible", timeout=10_000)
+    run_prompt(page)
+    info = page.locator("#round-info").inner_text()
+    assert "(Draft model)" in info and "passes of its own" in info
+    assert "draft 1" in page.locator("#tree-plot .xtick").all_text_contents()
 
 
 def test_visitor_text_is_shown_as_text_everywhere(page):

@@ -6,10 +6,10 @@ import re
 
 import pytest
 
-from app import views
-from app.race import RaceFrame, RaceResult
+from app import race_views, views
+from app.race import RaceFrame
 from app.text import MISSING, PLACEHOLDER, explainer_values, load_steps, load_text, render_steps
-from app_helpers import SMALL_CHOICES, make_ar_run, make_run
+from app_helpers import SMALL_CHOICES, make_ar_run, make_race, make_run
 
 
 @pytest.fixture
@@ -18,8 +18,9 @@ def run():
     return make_run(SMALL_CHOICES, accepted_leaves=[6, 0, 5])
 
 
-def _race(run, *ar_seconds_per_token: float) -> RaceResult:
-    return RaceResult([(make_ar_run(len(run.tokens), s), run) for s in ar_seconds_per_token])
+def _race(run, *ar_seconds_per_token: float):
+    return make_race({"ar": [make_ar_run(len(run.tokens), s) for s in ar_seconds_per_token],
+                      "medusa": [run] * len(ar_seconds_per_token)})
 
 
 # ----------------------------------------------------------------------------- the playground
@@ -88,11 +89,12 @@ def test_stats_page_names_the_round_cost_verify_cost_and_the_ceiling(run):
     # Hand-made rounds: draft 1 ms, verify 4 ms, accept 0.5 ms; plain steps 4 ms each.
     text = views.stats_text(run, _race(run, 0.004))
     cost = float(re.search(r"cost \*\*([0-9.]+)×\*\*", text).group(1))
-    assert cost == pytest.approx(5.5 / 4, abs=0.006) and "verify pass over the whole tree cost 1.00×" in text
+    assert cost == pytest.approx(5.5 / 4, abs=0.006) and "the verify pass cost 1.00×" in text
+    assert "drafting alone 0.25×" in text
     assert f"ceiling is {run.mean_accepted:.2f} ÷ 1.00" in text
     assert "Race" in views.stats_text(run, None)
     # A sampled plain run can end at its first token: nothing to compare a round with, no crash.
-    assert "ceiling" not in views.stats_text(run, RaceResult([(make_ar_run(1), run)]))
+    assert "ceiling" not in views.stats_text(run, make_race({"ar": [make_ar_run(1)], "medusa": [run]}))
 
 
 def test_explainer_steps_load_with_labels_and_the_view_they_point_at():
@@ -139,17 +141,19 @@ def test_the_verdict_gives_the_median_and_says_when_the_range_crosses_one(run):
     race = _race(run, 0.001, 0.002, 0.003)
     speeds = sorted((0.01 + 8 * s) / medusa_s for s in (0.001, 0.002, 0.003))
     assert speeds[0] < 1 < speeds[2]
-    verdict = views.race_verdict(race)
+    verdict = race_views.race_verdict(race)
     assert f"{speeds[1]:.2f}× the speed" in verdict and "median of 3 races" in verdict
     assert "crosses 1.0×" in verdict
-    assert "crosses" not in views.race_verdict(_race(run, 0.004, 0.005))
-    assert "single race" in views.race_verdict(_race(run, 0.004))
+    assert "crosses" not in race_views.race_verdict(_race(run, 0.004, 0.005))
+    assert "single race" in race_views.race_verdict(_race(run, 0.004))
 
 
-def test_race_status_says_which_race_and_decoder_is_running():
-    assert "Race 2 of 3" in views.race_status(RaceFrame("measuring", 3, finished=1, measuring="medusa"))
-    assert "Medusa" in views.race_status(RaceFrame("measuring", 3, finished=1, measuring="medusa"))
-    assert "warm" in views.race_status(RaceFrame("warm-up", 3)).lower()
+def test_race_status_says_which_race_lane_and_place_in_the_order_is_running():
+    lanes = ["ar", "medusa", "draft-model"]
+    # Race 2 runs medusa, draft-model, ar: the draft model is its second lane.
+    status = race_views.race_status(RaceFrame("measuring", 3, lanes, finished=1, measuring="draft-model"))
+    assert "Race 2 of 3" in status and "**Draft model**" in status and "lane 2 of 3" in status
+    assert "warming up 3 lanes" in race_views.race_status(RaceFrame("warm-up", 3, lanes)).lower()
 
 
 def test_page_texts_live_in_assets():
@@ -175,7 +179,9 @@ def test_rounds_cut_short_at_the_context_limit_draw_the_tree_they_verified(tiny_
         tree = trace.round_tree(rnd)
         assert tree.size == rnd.tree_size and len(tree.mask) == rnd.tree_size
         view = views.round_view(trace, index)
-        assert f"verified **{rnd.tree_size} tree nodes**" in view.info
+        verified = "the root alone" if rnd.tree_size == 1 else f"{rnd.tree_size} tree nodes"
+        assert f"verified **{verified}**" in view.info
+    assert sizes[-1] == 1  # the last round had room for the root alone: a plain step, drawn as one
 
 
 def test_learn_says_how_each_embedded_models_heads_were_trained():

@@ -19,7 +19,7 @@ from app.tree_figures import (
     tree_height,
 )
 from app.tree_layout import leaf_count, tidy_layout
-from app_helpers import SMALL_CHOICES, make_ar_run, make_run, make_tree, path_nodes
+from app_helpers import SMALL_CHOICES, make_ar_run, make_chain_run, make_race, make_run, make_tree, path_nodes
 from decoding.tree import MC_SIM_7B_63
 
 
@@ -222,15 +222,16 @@ def test_recording_time_is_left_out_of_the_race_clock(run):
     assert times[-1] == pytest.approx(run.total_time - 0.001 * len(run.rounds))
 
 
-def test_race_figure_replays_the_median_race(run):
-    from app.race import RaceResult
-
+def test_race_figure_replays_the_median_race_one_line_per_lane(run):
     ar = make_ar_run(len(run.tokens), seconds_per_token=0.01)
-    fig = charts.race_figure(RaceResult([(ar, run)]))
-    assert [t.name.split(":")[0] for t in fig.data] == ["plain decoding", "Medusa"]
-    assert f"{ar.forward_passes} passes" in fig.data[0].name
-    cut = charts.race_figure(RaceResult([(ar, run)]), until=0.02)
-    assert max(cut.data[0].x) <= 0.02
+    lookup = make_chain_run("prompt-lookup", [2, None])
+    race = make_race({"ar": [ar], "medusa": [run], "prompt-lookup": [lookup]})
+    fig = charts.race_figure(race)
+    assert [t.name.split(":")[0] for t in fig.data] == ["Plain decoding", "Medusa", "Prompt lookup"]
+    assert f"{ar.forward_passes} passes" in fig.data[0].name and f"{lookup.forward_passes} passes" in fig.data[2].name
+    assert "race 1 of 1: Medusa's median" in fig.layout.title.text
+    cut = charts.race_figure(race, until=0.02)
+    assert all(max(line.x) <= 0.02 for line in cut.data)
 
 
 def test_acceptance_by_depth(run):
@@ -242,21 +243,18 @@ def test_acceptance_by_depth(run):
 
 
 def test_speed_figure_with_and_without_a_race(run):
-    from app.race import RaceResult
-
     assert len(charts.speed_figure(run, None).data[0].x) == 1
     ar = make_ar_run(len(run.tokens), seconds_per_token=0.004)
-    both = charts.speed_figure(run, RaceResult([(ar, run)]))
+    both = charts.speed_figure(run, make_race({"ar": [ar], "medusa": [run]}))
     # Hand-made: plain 0.01 + 8 x 0.004 s, Medusa 0.01 + 3 x 0.0055 s, 9 tokens each.
     assert both.data[0].y[2] == pytest.approx((0.01 + 8 * 0.004) / (0.01 + 3 * 0.0055))
     assert both.data[0].y[1] == pytest.approx(0.0055 / 0.004)
 
 
 def test_figures_serialise_to_json(run):
-    from app.race import RaceResult
-
     for fig in (tree_figure(run.tree, run.rounds[0]), mask_figure(run.tree, run.rounds[0]),
-                charts.race_figure(RaceResult([(make_ar_run(5), run)])), charts.head_acceptance_figure(run)):
+                charts.race_figure(make_race({"ar": [make_ar_run(5)], "medusa": [run]})),
+                charts.head_acceptance_figure(run)):
         json.loads(fig.to_json())
 
 

@@ -1,35 +1,90 @@
-"""The race (several alternating races, each decoder measured alone) and the speed arithmetic it
-shares with `bench` (`decoding.stats`)."""
+"""The race (plain decoding and every ticked drafter, each lane measured alone, in an order that
+rotates from race to race) and the speed arithmetic it shares with `bench` (`decoding.stats`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.race import RaceResult, race
-from app_helpers import SMALL_CHOICES, make_ar_run, make_run
+from app.race import lane_order, race
+from app_helpers import SMALL_CHOICES, make_ar_run, make_chain_run, make_race, make_run
+from decoding.errors import DecodingError
 from decoding.settings import DecodeSettings
 from decoding.stats import Timing, round_cost, speedup, spread, verify_cost
 
+DRAFTERS = ["medusa", "draft-model", "prompt-lookup"]
 
-def test_races_alternate_after_a_warm_up_and_the_median_is_replayed(tiny_llama):
-    frames = list(race(tiny_llama, "It is a truth", DecodeSettings(max_new_tokens=12), races=3))
+
+def test_lanes_run_alone_in_rotating_order_after_a_warm_up_and_the_median_race_is_replayed(tiny_llama):
+    frames = list(race(tiny_llama, "It is a truth", DecodeSettings(max_new_tokens=12), DRAFTERS, races=4,
+                       focus="draft-model"))
     phases = [f.phase for f in frames]
     first_replay = phases.index("replaying")
     assert phases[0] == "warm-up" and phases[-1] == "done"
     measuring = [(f.finished, f.measuring) for f in frames[:first_replay] if f.phase == "measuring"]
-    assert measuring == [(0, "ar"), (0, "medusa"), (1, "medusa"), (1, "ar"), (2, "ar"), (2, "medusa")]
+    lanes = ["ar", *DRAFTERS]
+    assert measuring == [(index, lane) for index in range(4) for lane in lanes[index:] + lanes[:index]]
     # Nothing is shown until every race is over: a page redraw never overlaps a measured run.
     assert all(f.result is None for f in frames[:first_replay])
     result = frames[-1].result
-    assert len(result.pairs) == 3 and all(a.tokens == m.tokens for a, m in result.pairs)
-    assert sorted(result.speedups)[1] == pytest.approx(speedup(Timing.of(result.shown[0]), Timing.of(result.shown[1])))
+    assert result.lanes == lanes and len(result.races) == 4 and result.focus == "draft-model"
+    # Greedy lanes write plain decoding's text, and the race says so.
+    assert all(runs[lane].tokens == runs["ar"].tokens for runs in result.races for lane in lanes)
+    assert result.differing() == []
+    # The replayed race is the one whose focus speedup is the median (the lower middle of four).
+    speeds = result.speedups("draft-model")
+    assert speeds[result.shown_index] == sorted(speeds)[1]
+    assert speeds[result.shown_index] == pytest.approx(
+        speedup(Timing.of(result.shown["ar"]), Timing.of(result.shown["draft-model"])))
     clocks = [f.clock for f in frames[first_replay:]]
     assert clocks == sorted(clocks)
 
 
-def test_the_race_count_is_bounded(tiny_llama):
-    frames = list(race(tiny_llama, "It is", DecodeSettings(max_new_tokens=3), races=0))
-    assert len(frames[-1].result.pairs) == 1
+def test_lane_order_rotates_so_each_lane_runs_first_once_in_as_many_races():
+    lanes = ["ar", "medusa", "draft-model"]
+    assert [lane_order(lanes, i) for i in range(4)] == [
+        ["ar", "medusa", "draft-model"], ["medusa", "draft-model", "ar"], ["draft-model", "ar", "medusa"],
+        ["ar", "medusa", "draft-model"]]
+
+
+def test_the_race_count_is_bounded_and_a_race_needs_a_drafter(tiny_llama):
+    frames = list(race(tiny_llama, "It is", DecodeSettings(max_new_tokens=3), ["prompt-lookup"], races=0))
+    assert len(frames[-1].result.races) == 1 and frames[-1].result.focus == "prompt-lookup"
+    for drafters in ([], ["ar"], ["medusa", "medusa"]):
+        with pytest.raises(DecodingError, match="tick at least one drafter"):
+            next(race(tiny_llama, "It is", DecodeSettings(max_new_tokens=3), drafters))
+
+
+def test_each_lanes_speedup_is_against_plain_decoding_in_the_same_race():
+    medusa = make_run(SMALL_CHOICES, accepted_leaves=[6, 0])
+    lookup = make_chain_run("prompt-lookup", [2, None])
+    plain = [make_ar_run(len(medusa.tokens), s) for s in (0.002, 0.008)]
+    result = make_race({"ar": plain, "medusa": [medusa, medusa], "prompt-lookup": [lookup, lookup]})
+    for lane, trace in (("medusa", medusa), ("prompt-lookup", lookup)):
+        assert result.speedups(lane) == [speedup(Timing.of(ar), Timing.of(trace)) for ar in plain]
+        assert result.spread(lane).count == 2
+    assert result.speedups("ar") == [1.0, 1.0]
+    assert result.fastest() == max(("medusa", "prompt-lookup"), key=lambda lane: result.spread(lane).median)
+
+
+def test_draft_cost_is_a_lanes_drafting_per_round_in_plain_steps():
+    # Hand-made rounds draft for 1 ms; plain decoding takes 4 ms a step.
+    draft = make_chain_run("draft-model", [1, 0, 4])
+    result = make_race({"ar": [make_ar_run(10, 0.004)], "draft-model": [draft]}, focus="draft-model")
+    assert result.draft_cost("draft-model") == pytest.approx(0.25)
+    for rnd in draft.rounds:
+        rnd.time_draft = 0.006
+    assert result.draft_cost("draft-model") == pytest.approx(1.5)
+
+
+def test_a_greedy_lane_that_writes_other_text_is_reported_and_a_sampled_one_is_not():
+    medusa = make_run(SMALL_CHOICES, accepted_leaves=[6])
+    same, other = make_ar_run(len(medusa.tokens)), make_ar_run(len(medusa.tokens))
+    same.rounds = medusa.rounds  # plain decoding in race 1 wrote Medusa's tokens; in race 2, others
+    assert same.tokens == medusa.tokens and other.tokens != medusa.tokens
+    result = make_race({"ar": [same, other], "medusa": [medusa, medusa]})
+    assert result.differing() == [("medusa", 2)]
+    medusa.settings.acceptance = "sample"
+    assert result.differing() == []
 
 
 # ----------------------------------------------------------------------------- decoding.stats
@@ -66,7 +121,8 @@ def test_timing_sums_runs_and_spread_gives_median_and_range():
         spread([])
 
 
-def test_the_shown_race_is_the_median_one():
+def test_the_shown_race_is_the_median_one_of_the_focus_lane():
     medusa = make_run(SMALL_CHOICES, accepted_leaves=[6])
-    pairs = [(make_ar_run(len(medusa.tokens), s), medusa) for s in (0.002, 0.009, 0.004)]
-    assert RaceResult(pairs).shown[0] is pairs[2][0]
+    plain = [make_ar_run(len(medusa.tokens), s) for s in (0.002, 0.009, 0.004)]
+    result = make_race({"ar": plain, "medusa": [medusa] * 3})
+    assert result.shown["ar"] is plain[2] and result.shown_index == 2

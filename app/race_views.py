@@ -1,0 +1,152 @@
+"""The Race tab's views: where the race is, one row per lane on one clock, and the verdict with
+each lane's measured figures. Plain values from traces; no Gradio here."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+import plotly.graph_objects as go
+
+from decoding.stats import Spread, round_cost
+from decoding.trace import RunTrace
+
+from . import charts, lanes
+from .figure_style import LAPTOP, Look, message_figure
+from .race import PLAIN, RaceFrame, RaceResult, lane_order
+from .tokens import md_text, stream_html
+
+RACE_IDLE = "Press **Race vs plain** to measure plain decoding and every ticked drafter on this prompt."
+
+
+def race_status(frame: RaceFrame) -> str:
+    """Where the race is: the visitor waits tens of seconds for a real model, so say what runs."""
+    count = len(frame.lanes)
+    if frame.phase == "warm-up":
+        return f"Warming up {count} lanes (a short run of each), then {frame.races} race(s)…"
+    if frame.phase == "measuring":
+        place = lane_order(frame.lanes, frame.finished).index(frame.measuring) + 1
+        return (f"Race {frame.finished + 1} of {frame.races}: measuring **{lanes.title(frame.measuring)}** alone "
+                f"(lane {place} of {count} in this race)… (the page waits so it does not slow the run down)")
+    if frame.phase == "replaying":
+        return "▶ Replaying the median race, every lane on its own measured clock, side by side."
+    return (f"✓ Done: {frame.races} race(s) of {count} lanes after a warm-up, each lane measured alone, "
+            "in an order that rotates from race to race.")
+
+
+def lane_note(lane: str, trace: RunTrace | None) -> str:
+    """A lane's settings in a few words, from its trace."""
+    if lane == PLAIN:
+        return "one token per pass"
+    if trace is None:
+        return ""
+    settings = trace.settings
+    return {"medusa": f"tree {settings.tree}", "draft-model": f"{settings.draft_tokens} tokens a round",
+            "prompt-lookup": f"copies up to {settings.lookup_tokens} tokens"}.get(lane, "")
+
+
+def lane_row(lane: str, trace: RunTrace | None, clock: float) -> str:
+    """One lane of the replay: its name, what it has written by `clock`, and its counts."""
+    note = lane_note(lane, trace)
+    name = f"<div>{lanes.title(lane)}" + (f" <small>({html.escape(note)})</small>" if note else "") + "</div>"
+    if trace is None:
+        return (f'<div class="lane" data-lane="{lane}" style="--lane:{lanes.colour(lane)}">'
+                f'<div class="pane-head">{name}</div><div class="stream stream-empty">waiting…</div></div>')
+    times, counts = charts.timeline(trace)
+    passes = sum(1 for t in times[1:] if t <= clock)  # the first point is the start, not a pass
+    end = times[-1]
+    finished = f" · done in {end:.2f} s" if clock >= end else ""
+    return (f'<div class="lane" data-lane="{lane}" style="--lane:{lanes.colour(lane)}">'
+            f'<div class="pane-head">{name}<span>{counts[passes]} tokens · {passes} passes{finished}</span></div>'
+            f"{stream_html(trace, until=clock, show_prompt=False, caret=clock < end)}</div>")
+
+
+def lanes_html(frame: RaceFrame) -> str:
+    shown = frame.shown
+    rows = "".join(lane_row(lane, shown.get(lane), frame.clock) for lane in frame.lanes)
+    return f'<div class="lanes">{rows}</div>'
+
+
+def _range(spread: Spread) -> str:
+    median = f"{spread.median:.2f}×"
+    return median if spread.count == 1 else f"{median} ({spread.low:.2f}–{spread.high:.2f}×)"
+
+
+def lane_table(result: RaceResult) -> str:
+    """Per lane, as measured: passes and tokens in the median race, tokens per pass over every race,
+    a round's cost and its drafting alone in plain steps, and the speedup's median and range."""
+    plain = result.timing(PLAIN)
+    rows = ["| lane | passes (tokens) | tokens / pass | round cost | drafting / round | speedup: median (range) |",
+            "|:--|--:|--:|--:|--:|--:|"]
+    for lane in result.lanes:
+        trace, timing = result.shown[lane], result.timing(lane)
+        drafting = "—" if lane == PLAIN else f"{result.draft_cost(lane):.2f}"
+        speed = "1× by definition" if lane == PLAIN else _range(result.spread(lane))
+        rows.append(f"| {lanes.title(lane)} | {trace.forward_passes} ({len(trace.tokens)}) | "
+                    f"{timing.tokens_per_pass:.2f} | {round_cost(plain, timing):.2f} | {drafting} | {speed} |")
+    rows.append("\n<small>Passes and tokens: the median race. The rest over every race; round cost and "
+                "drafting in plain decoding steps (a plain step = 1.00).</small>")
+    return "\n".join(rows)
+
+
+def _against_medusa(result: RaceResult) -> str:
+    """Said plainly where another drafter beat Medusa's heads on this prompt."""
+    fastest = result.fastest()
+    if "medusa" not in result.drafters or fastest == "medusa":
+        return ""
+    theirs, ours = result.spread(fastest), result.spread("medusa")
+    overlap = theirs.low <= ours.high and ours.low <= theirs.high and theirs.count > 1
+    noise = "; their ranges overlap, so the gap may be noise" if overlap else ""
+    return (f"  \n**Medusa was not the fastest here:** {lanes.in_sentence(fastest)} reached "
+            f"**{theirs.median:.2f}×** against Medusa's {ours.median:.2f}× (medians){noise}.")
+
+
+def _same_text(result: RaceResult) -> str:
+    differing = result.differing()
+    if differing:
+        where = ", ".join(f"{lanes.in_sentence(lane)} in race {number}" for lane, number in differing)
+        return (f"**⚠ Not the same text:** {where} wrote other tokens than plain decoding. Greedy speculative "
+                "decoding should write exactly what plain decoding writes: either two tokens were nearly tied "
+                "and verifying several tokens in one pass (a different order of arithmetic) tipped the choice, "
+                "or this is a bug worth reporting.")
+    if all(race[PLAIN].settings.acceptance == "greedy" for race in result.races):
+        return "Every lane wrote exactly plain decoding's text (greedy acceptance changes nothing but speed)."
+    return "Sampling: each lane drew its own text, from the base model's distribution."
+
+
+def race_verdict(result: RaceResult | None) -> str:
+    """The headline (the focus drafter's median speedup and range, said plainly when the range
+    crosses 1.0×), where Medusa lost, each lane's figures, and whether the texts agree."""
+    if result is None:
+        return ""
+    focus, spread = result.focus, result.spread(result.focus)
+    name, trace = lanes.title(focus), result.shown[focus]
+    if spread.count == 1:
+        headline = f"**{name}: {spread.median:.2f}× the speed of plain decoding** in a single race"
+        caveat = " One race is noisy: race 3-5 times for a median you can quote."
+    else:
+        headline = (f"**{name}: {spread.median:.2f}× the speed of plain decoding** (median of {spread.count} "
+                    f"races; range {spread.low:.2f}–{spread.high:.2f}×)")
+        if spread.crosses:
+            caveat = (f" **The range crosses 1.0×:** {name} was faster in some races and slower in others, "
+                      "so on this machine, now, it is not clearly faster.")
+        elif spread.high < 1.0:
+            caveat = " Every race was slower than plain decoding here."
+        else:
+            caveat = " Every race was faster."
+    return (f"{headline} on {md_text(trace.device)} ({md_text(trace.model)}).{caveat}{_against_medusa(result)}\n\n"
+            f"{lane_table(result)}\n\n{_same_text(result)}")
+
+
+@dataclass(frozen=True)
+class RaceView:
+    status: str
+    lanes: str
+    figure: go.Figure
+    verdict: str
+
+
+def race_view(frame: RaceFrame, look: Look = LAPTOP) -> RaceView:
+    figure = (charts.race_figure(frame.result, until=frame.clock, look=look) if frame.result
+              else message_figure("Measuring… the median race is replayed here once every race has run.", look))
+    return RaceView(race_status(frame), lanes_html(frame), figure, race_verdict(frame.result))
