@@ -30,7 +30,7 @@ def timeline(trace: RunTrace) -> tuple[list[float], list[int]]:
 def race_figure(result: RaceResult | None, until: float | None = None, look: Look = LAPTOP) -> go.Figure:
     """Tokens against time for the replayed race, one line per lane, as measured; `until` cuts the replay."""
     if result is None:
-        return message_figure("Press Race to measure both decoders.", look)
+        return message_figure("Press Race to measure every lane.", look)
     fig = go.Figure()
     for lane, trace in result.shown.items():
         name, colour = lanes.title(lane), lanes.colour(lane)
@@ -43,13 +43,17 @@ def race_figure(result: RaceResult | None, until: float | None = None, look: Loo
             marker=dict(size=5 * look.scale), name=f"{name}: {trace.forward_passes} passes",
             hovertemplate=f"{name}<br>%{{y}} tokens at %{{x:.3f}} s<extra></extra>",
         ))
-    fig.update_layout(title=dict(text=f"The median race, replayed (race {result.shown_index + 1} of "
-                                      f"{len(result.races)}: {lanes.title(result.focus)}'s median)", x=0.01),
-                      legend=dict(orientation="h", yanchor="bottom", y=1.0, x=1, xanchor="right"))
+    # A legend of up to four lanes fits above a laptop's figure; on a phone it goes below the axis.
+    legend = (dict(orientation="h", yanchor="top", y=-0.22, x=0, xanchor="left") if look.narrow
+              else dict(orientation="h", yanchor="bottom", y=1.0, x=1, xanchor="right"))
+    which = f"race {result.shown_index + 1} of {len(result.races)}"
+    title = (f"The median race ({which})" if look.narrow
+             else f"The median race, replayed ({which}: {lanes.title(result.focus)}'s median)")
+    fig.update_layout(title=dict(text=title, x=0.01), legend=legend)
     fig.update_xaxes(title="decoding seconds since the run started (prefill included)", rangemode="tozero")
     fig.update_yaxes(title="tokens", rangemode="tozero")
-    fig = base_layout(fig, height=round(340 * look.scale), look=look, uirevision="race")
-    fig.update_layout(margin=dict(l=10, r=10, t=round(80 * look.scale), b=10))
+    fig = base_layout(fig, height=round((440 if look.narrow else 340) * look.scale), look=look, uirevision="race")
+    fig.update_layout(margin=dict(l=10, r=10, t=round(80 * look.scale), b=round(110 if look.narrow else 10)))
     return fig
 
 

@@ -253,7 +253,7 @@ def _race_tab(tabs: gr.Tabs, drafters: list[str]) -> dict:
     race_md = gr.Markdown(elem_id="race-summary")
     race_status = gr.Markdown(RACE_IDLE, elem_id="race-status")
     race_lanes = gr.HTML(elem_id="race-panes", js_on_load=FOLLOW_OUTPUT)
-    race_plot = gr.Plot(message_figure("Press Race to measure both decoders."), show_label=False,
+    race_plot = gr.Plot(message_figure("Press Race to measure every lane."), show_label=False,
                         elem_id="race-plot")
     gr.Markdown(load_text("timing_note.md"))
     return dict(races=races, lanes=lanes_box, race_md=race_md, race_status=race_status, race_lanes=race_lanes,

@@ -26,8 +26,10 @@ def race_status(frame: RaceFrame) -> str:
         return f"Warming up {count} lanes (a short run of each), then {frame.races} race(s)…"
     if frame.phase == "measuring":
         place = lane_order(frame.lanes, frame.finished).index(frame.measuring) + 1
+        run = frame.finished * count + place
         return (f"Race {frame.finished + 1} of {frame.races}: measuring **{lanes.title(frame.measuring)}** alone "
-                f"(lane {place} of {count} in this race)… (the page waits so it does not slow the run down)")
+                f"(lane {place} of {count} in this race; run {run} of {frame.races * count})… "
+                "(the page waits so it does not slow the run down)")
     if frame.phase == "replaying":
         return "▶ Replaying the median race, every lane on its own measured clock, side by side."
     return (f"✓ Done: {frame.races} race(s) of {count} lanes after a warm-up, each lane measured alone, "

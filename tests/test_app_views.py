@@ -152,7 +152,7 @@ def test_race_status_says_which_race_lane_and_place_in_the_order_is_running():
     lanes = ["ar", "medusa", "draft-model"]
     # Race 2 runs medusa, draft-model, ar: the draft model is its second lane.
     status = race_views.race_status(RaceFrame("measuring", 3, lanes, finished=1, measuring="draft-model"))
-    assert "Race 2 of 3" in status and "**Draft model**" in status and "lane 2 of 3" in status
+    assert "Race 2 of 3" in status and "**Draft model**" in status and "lane 2 of 3 in this race; run 5 of 9" in status
     assert "warming up 3 lanes" in race_views.race_status(RaceFrame("warm-up", 3, lanes)).lower()
 
 
