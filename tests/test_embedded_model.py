@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from decoding import DecodeSettings, embedded_models, generate, load_model
+from decoding import DecodeSettings, available_drafters, embedded_models, generate, load_model
 from decoding.loading import DEFAULT_MODEL, EMBEDDED_MODELS_DIR
 from decoding.prompts import bench_prompts, example_prompts
 from decoding.training.data import DataSettings, self_distill
@@ -80,6 +80,16 @@ def test_greedy_medusa_equals_plain_greedy_on_unseen_prompts(embedded):
     # Summed over the prompts: a continuation that ends after a few tokens has little to save.
     assert medusa_passes < plain_passes
     assert tokens / medusa_passes > 1.3
+
+
+@pytest.mark.parametrize("method", ["draft-model", "prompt-lookup"])
+def test_every_drafter_writes_plain_greedy_text_on_the_examples(embedded, method):
+    """Each shipped model carries a draft model; every drafter writes what plain decoding writes."""
+    assert method in available_drafters(embedded)
+    for prompt in example_prompts(embedded.name)[:3]:
+        drafted = generate(embedded, prompt, DecodeSettings(method=method, max_new_tokens=48))
+        plain = generate(embedded, prompt, DecodeSettings(method="ar", max_new_tokens=48))
+        assert drafted.tokens == plain.tokens, prompt
 
 
 def test_a_model_can_share_another_models_prompts():
