@@ -32,8 +32,8 @@ def race_figure(result: RaceResult | None, until: float | None = None, look: Loo
     if result is None:
         return message_figure("Press Race to measure every lane.", look)
     fig = go.Figure()
-    for lane, trace in result.shown.items():
-        name, colour = lanes.title(lane), lanes.colour(lane)
+    for lane in result.lanes:  # in lane order, not the order this race happened to run them in
+        trace, name, colour = result.shown[lane], lanes.title(lane), lanes.colour(lane)
         times, counts = timeline(trace)
         if until is not None:
             keep = [i for i, t in enumerate(times) if t <= until]

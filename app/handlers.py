@@ -171,15 +171,16 @@ def run_drafter(page: Page, values: dict) -> Iterator[dict]:
         for trace in stream(model, request.prompt, settings):
             now = time.perf_counter()
             update = {}
-            if trace.stop_reason or now - last_text >= PUSH_EVERY:
+            done = views.finished(trace)
+            if done or now - last_text >= PUSH_EVERY:
                 last_text = now
-                ended = time.time() if trace.stop_reason else None
+                ended = time.time() if done else None
                 update |= {page.run_state: trace, page.stream_box: views.stream_view(trace, ended_at=ended),
                            page.summary: views.run_summary(trace, first_round_after)}
             first_round = first_round_after is None and trace.rounds
             if first_round:
                 first_round_after = now - pressed
-            if first_round or trace.stop_reason or (trace.rounds and now - last_figures >= FIGURES_EVERY):
+            if first_round or done or (trace.rounds and now - last_figures >= FIGURES_EVERY):
                 last_figures = now
                 update |= round_updates(page, trace, len(trace.rounds) - 1, look)
             if update:

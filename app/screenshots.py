@@ -4,7 +4,9 @@
     python -m app.screenshots --model DIR     # any model the page can offer
 
 Views: a laptop at 1280x800 (start, after Run, the race, stats, the walkthrough), projector mode
-at 1920x1080 (on the paper's 64-node tree) and at 1280x720, and a phone at 390x844.
+at 1920x1080 (on the paper's 64-node tree) and at 1280x720, a phone at 390x844, and, on a
+model with a draft model (`--drafters-model`), the race's lanes, a draft-model round, the
+walkthrough's measured comparison and a prompt-lookup round on a prompt that repeats itself.
 
 Needs Playwright (Python) and Debian's Chromium (`apt-get install -y chromium`); Playwright's own
 browser download is not used. The browser end-to-end test drives the page with the same helpers.
@@ -33,6 +35,12 @@ LAPTOP = {"width": 1280, "height": 800}
 PROJECTOR = {"width": 1920, "height": 1080}
 SMALL_PROJECTOR = {"width": 1280, "height": 720}
 PHONE = {"width": 390, "height": 844}
+# Prompts whose answers copy them, where prompt lookup shines: prose to continue, or a chat request.
+COPY_PROMPTS = {"austen": ("Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday. "
+                           "Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday. Monday,")}
+COPY_REQUEST = ("Repeat this paragraph exactly: The old lighthouse stood on the rocks at the edge of the bay. "
+                "Every night its keeper climbed the stairs, lit the lamp and watched the ships pass safely "
+                "into the harbour.")
 
 
 def free_port() -> int:
@@ -213,6 +221,40 @@ def photograph_laptop(page, url: str, folder: Path, prompt: str | None) -> list[
     return shots
 
 
+def pick_drafter(page, label: str) -> None:
+    """Choose a drafter in the sidebar (opening it if it is closed): "Medusa heads", "draft model",
+    "prompt lookup"."""
+    if not page.locator(".sidebar.open").count():
+        page.click(".sidebar .toggle-button")
+    page.locator("#drafter").get_by_label(label, exact=False).check()
+    page.wait_for_timeout(800)
+
+
+def photograph_drafters(page, url: str, folder: Path, prompt: str | None, copy_prompt: str) -> list[Path]:
+    """1280x800 on a model with a draft model: the race's lanes on one clock, a draft-model round,
+    a prompt-lookup round on a copy-heavy prompt, and the walkthrough's measured comparison."""
+    open_app(page, url)
+    run_prompt(page, prompt)
+    print(run_race(page))
+    page.evaluate("document.getElementById('race-summary').scrollIntoView({block: 'start'})")
+    page.wait_for_timeout(800)
+    shots = [shoot(page, folder / "11-race-lanes.png", full_page=False)]
+    pick_drafter(page, "draft model")
+    run_prompt(page)
+    page.evaluate("document.getElementById('results').scrollIntoView({block: 'start'})")
+    page.wait_for_timeout(800)
+    shots.append(shoot(page, folder / "12-draft-model-round.png", full_page=False))
+    open_tab(page, "Learn")
+    walk_to_step(page, 2)
+    shots.append(shoot(page, folder / "13-learn-draft-model.png"))
+    open_tab(page, "Playground")
+    pick_drafter(page, "prompt lookup")
+    run_prompt(page, copy_prompt)
+    page.evaluate("document.getElementById('results').scrollIntoView({block: 'start'})")
+    page.wait_for_timeout(800)
+    return shots + [shoot(page, folder / "14-prompt-lookup-round.png", full_page=False)]
+
+
 def photograph_projector(page, url: str, path: Path, prompt: str | None, tree: str | None) -> Path:
     """Projector mode on the given screen, after a run on the given tree preset."""
     open_app(page, url)
@@ -242,10 +284,17 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=SCREENSHOTS)
     parser.add_argument("--prompt", help="prompt to run (default: the first example)")
     parser.add_argument("--big-tree", default="mc_sim_7b_63", help="tree preset for the 1920x1080 projector view")
+    parser.add_argument("--drafters-model", help="model with a draft model for the drafter views (default: --model)")
+    parser.add_argument("--copy-prompt", help="a prompt whose answer copies it, for prompt lookup")
     args = parser.parse_args()
+    drafters_model = args.drafters_model or args.model
+    copy_prompt = args.copy_prompt or COPY_PROMPTS.get(drafters_model, COPY_REQUEST)
+    with running_app(drafters_model) as url, sync_playwright() as playwright:
+        with browser_page(playwright, LAPTOP) as page:
+            shots = photograph_drafters(page, url, args.out, args.prompt, copy_prompt)
     with running_app(args.model) as url, sync_playwright() as playwright:
         with browser_page(playwright, LAPTOP) as page:
-            shots = photograph_laptop(page, url, args.out, args.prompt)
+            shots += photograph_laptop(page, url, args.out, args.prompt)
         with browser_page(playwright, PROJECTOR) as page:
             shots.append(photograph_projector(page, url, args.out / "06-projector-1920.png", args.prompt,
                                               args.big_tree))

@@ -25,6 +25,7 @@ MIN_ROWS = 8
 TREE_MAX_PX = 560  # a taller tree is squeezed (smaller labels) and read by zooming
 MASK_MAX_PX = 560
 TREE_MARGIN_PX = 90  # title and column headings
+SHORT_HEADINGS_PAST = 6  # deeper trees (a long lookup chain) get short column headings: "c7", not "copy 7"
 
 
 def tree_height(tree: TreeTrace, look: Look = LAPTOP) -> int:
@@ -159,14 +160,15 @@ def tree_title(tree: TreeTrace, rnd: RoundTrace) -> str:
 
 def _heading(depth: int, max_depth: int, look: Look, drafter: str) -> str:
     """A column's heading in the colour of its nodes: root, the drafter's guesses by depth
-    (head 1..n, draft 1..n, copy 1..n), then the next token (on a phone "h1".."hn" and "★",
-    which fit side by side)."""
+    (head 1..n, draft 1..n, copy 1..n), then the next token (on a phone, or past SHORT_HEADINGS_PAST
+    columns, "h1".."hn" and "★", which fit side by side)."""
+    short = look.narrow or max_depth > SHORT_HEADINGS_PAST
     if depth == 0:
         name = "root"
     elif depth > max_depth:
-        name = "★" if look.narrow else "★ next"
+        name = "★" if short else "★ next"
     else:
-        name = guess_name(drafter, depth, short=look.narrow)
+        name = guess_name(drafter, depth, short=short)
     colour = ACCEPTED if depth > max_depth else head_colour(depth)
     return f'<span style="color:{colour}"><b>{name}</b></span>'
 

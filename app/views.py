@@ -38,13 +38,20 @@ def model_card(model: MedusaModel) -> str:
 
 # ----------------------------------------------------------------------------- the playground
 
+def finished(trace: RunTrace) -> bool:
+    """The run is over and timed: the engine yields the trace once more after its last round, with
+    `total_time` set (the yield before it already has `stop_reason`)."""
+    return bool(trace.stop_reason) and trace.total_time > 0
+
+
 def run_summary(trace: RunTrace, first_round_after: float | None = None) -> str:
     """One line: tokens, passes, tokens per pass, measured time, and whether the run is over."""
-    state = f"stopped: {STOP_REASONS.get(trace.stop_reason, trace.stop_reason)}" if trace.stop_reason else "running…"
+    reason = STOP_REASONS.get(trace.stop_reason, trace.stop_reason)
+    state = f"stopped: {reason}" if finished(trace) else "running…"
     if not trace.rounds:
         if not trace.stop_reason:
             return "Reading the prompt (the prefill pass)…"
-        return (f"**{len(trace.tokens)} token from the prefill pass alone**: the run {state.removeprefix('stopped: ')} "
+        return (f"**{len(trace.tokens)} token from the prefill pass alone**: the run {reason} "
                 "before any round, so there is no tree to show. Raise *Max new tokens* to see one.")
     latency = f" · first round ready {first_round_after:.2f} s after Run" if first_round_after else ""
     tokens = len(trace.tokens)

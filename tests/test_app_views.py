@@ -61,6 +61,14 @@ def test_summary_counts_tokens_and_passes(run):
     assert views.round_label(run) == f"Round (of {len(run.rounds)})"
 
 
+def test_the_summary_says_stopped_only_once_the_run_is_timed(run):
+    total, run.total_time = run.total_time, 0.0  # the engine's yield after the last round, before its clock is read
+    assert "running…" in views.run_summary(run) and "stopped" not in views.run_summary(run)
+    run.total_time = total
+    summary = views.run_summary(run)
+    assert "stopped: reached Max new tokens" in summary and f"{total:.2f} s measured" in summary
+
+
 def test_stream_view_marks_the_run_and_its_end_for_the_benchmark(run):
     html = views.stream_view(run, current=2, ended_at=1700000000.25)
     assert 'data-ended="1700000000.250"' in html and "pass current" in html

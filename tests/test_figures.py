@@ -226,6 +226,7 @@ def test_race_figure_replays_the_median_race_one_line_per_lane(run):
     ar = make_ar_run(len(run.tokens), seconds_per_token=0.01)
     lookup = make_chain_run("prompt-lookup", [2, None])
     race = make_race({"ar": [ar], "medusa": [run], "prompt-lookup": [lookup]})
+    race.races[0] = {"prompt-lookup": lookup, "ar": ar, "medusa": run}  # the order this race ran them in
     fig = charts.race_figure(race)
     assert [t.name.split(":")[0] for t in fig.data] == ["Plain decoding", "Medusa", "Prompt lookup"]
     assert f"{ar.forward_passes} passes" in fig.data[0].name and f"{lookup.forward_passes} passes" in fig.data[2].name
