@@ -216,7 +216,10 @@ def run_race(page: Page, values: dict) -> Iterator[dict]:
             now = time.perf_counter()
             if frame.phase == last_phase and frame.phase != "done" and now - last_push < PUSH_EVERY:
                 continue
-            update = race_updates(page, race_views.race_view(frame, look))
+            if frame.phase == "measuring":  # the status line alone: no figure is redrawn while a lane runs
+                update = {page.race_status: race_views.race_status(frame)}
+            else:
+                update = race_updates(page, race_views.race_view(frame, look))
             if not last_phase:  # the first frame: show the Race tab, clear the last race's verdict
                 update[page.tabs] = gr.Tabs(selected="race")
             if frame.result is not None:

@@ -126,3 +126,26 @@ def test_the_shown_race_is_the_median_one_of_the_focus_lane():
     plain = [make_ar_run(len(medusa.tokens), s) for s in (0.002, 0.009, 0.004)]
     result = make_race({"ar": plain, "medusa": [medusa] * 3})
     assert result.shown["ar"] is plain[2] and result.shown_index == 2
+
+
+def test_while_lanes_are_measured_the_page_gets_the_status_line_alone(tiny_dirs, monkeypatch):
+    """No figure or lane is sent to the browser between measured runs, where its redraw would load
+    the machine under the next lane; the first frame clears the last race, the result comes at the end."""
+    import dataclasses
+
+    from app import handlers
+    from app.inputs import RunRequest
+
+    model = str(tiny_dirs["llama"])
+    monkeypatch.setenv("MEDUSA_PLAYGROUND_MODEL", model)
+    monkeypatch.setattr(handlers, "PUSH_EVERY", 0.0)  # push every frame
+    fields = {f.name: f.name for f in dataclasses.fields(handlers.Page)}  # components named by strings
+    page = handlers.Page(**fields | {"request": {f.name: f.name for f in dataclasses.fields(RunRequest)},
+                                     "stats_plots": [], "step_mds": [], "steps": []})
+    values = dataclasses.asdict(RunRequest(prompt="It is a truth", model=model, max_new_tokens=8, races=2,
+                                           lanes=("medusa", "prompt-lookup"))) | {"projector": False, "width": 1280}
+    updates = list(handlers.run_race(page, values))
+    measuring = [u for u in updates if "measuring" in str(u.get("race_status"))]
+    assert len(measuring) == 2 * 3 and all(set(u) == {"race_status"} for u in measuring)
+    assert {"tabs", "race_lanes", "race_plot", "race_md"} <= set(updates[0]) and "race_state" not in updates[0]
+    assert updates[-1]["race_state"].lanes == ["ar", "medusa", "prompt-lookup"]
