@@ -73,8 +73,7 @@ def _lookup(race: RaceResult) -> str:
 def _winner(race: RaceResult, lane: str) -> str:
     """Medusa against one other drafter, by median speedup, with the noise said where it is."""
     theirs, ours = race.spread(lane), race.spread("medusa")
-    overlap = theirs.count > 1 and theirs.low <= ours.high and ours.low <= theirs.high
-    noise = " — but their ranges overlap, so the gap may be noise" if overlap else ""
+    noise = " — but their ranges overlap, so the gap may be noise" if race.overlap(lane, "medusa") else ""
     name = lanes.in_sentence(lane)
     if ours.median >= theirs.median:
         return f"**Here Medusa's heads beat {name}** ({ours.median:.2f}× against {theirs.median:.2f}×){noise}."

@@ -83,6 +83,12 @@ class RaceResult:
     def shown(self) -> dict[str, RunTrace]:
         return self.races[self.shown_index]
 
+    def overlap(self, lane: str, other: str) -> bool:
+        """Whether two lanes' ranges of speedups overlap over several races: then the gap between
+        their medians may be noise."""
+        one, two = self.spread(lane), self.spread(other)
+        return len(self.races) > 1 and one.low <= two.high and two.low <= one.high
+
     def fastest(self) -> str:
         """The drafter with the highest median speedup."""
         return max(self.drafters, key=lambda lane: self.spread(lane).median)

@@ -97,8 +97,7 @@ def _against_medusa(result: RaceResult) -> str:
     if "medusa" not in result.drafters or fastest == "medusa":
         return ""
     theirs, ours = result.spread(fastest), result.spread("medusa")
-    overlap = theirs.low <= ours.high and ours.low <= theirs.high and theirs.count > 1
-    noise = "; their ranges overlap, so the gap may be noise" if overlap else ""
+    noise = "; their ranges overlap, so the gap may be noise" if result.overlap(fastest, "medusa") else ""
     return (f"  \n**Medusa was not the fastest here:** {lanes.in_sentence(fastest)} reached "
             f"**{theirs.median:.2f}×** against Medusa's {ours.median:.2f}× (medians){noise}.")
 

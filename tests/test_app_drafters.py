@@ -118,6 +118,15 @@ def test_where_another_drafter_beat_medusa_the_verdict_says_so_with_both_medians
     assert race.fastest() == "medusa" and "not the fastest" not in race_views.race_verdict(race)
 
 
+def test_a_win_within_the_noise_is_called_that():
+    clear, close = _three_lanes(lookup_seconds=0.001), _three_lanes(lookup_seconds=0.012)
+    assert clear.fastest() == close.fastest() == "prompt-lookup"
+    assert not clear.overlap("prompt-lookup", "medusa") and close.overlap("prompt-lookup", "medusa")
+    assert "noise" not in race_views.race_verdict(clear) and "noise" not in drafter_comparison(clear)
+    assert "; their ranges overlap, so the gap may be noise." in race_views.race_verdict(close)
+    assert "— but their ranges overlap, so the gap may be noise." in drafter_comparison(close)
+
+
 def test_the_verdict_says_plainly_whether_the_greedy_lanes_wrote_plain_decodings_text():
     race = _three_lanes()  # hand-made: plain decoding's words differ from every drafter's
     assert race.differing()[:2] == [("medusa", 1), ("draft-model", 1)]
