@@ -143,7 +143,9 @@ def tree_figure(tree: TreeTrace, rnd: RoundTrace, look: Look = LAPTOP) -> go.Fig
         ticktext=[_heading(d, max_depth, look, drafter) for d in range(max_depth + 2)],
         range=[-0.25, max_depth + 1.9], showgrid=False, zeroline=False, side="top", fixedrange=False,
     )
-    fig.update_yaxes(visible=False, autorange="reversed")
+    # A chain is one row: its own range keeps the row near the top and the star just below it
+    # (autorange would stretch the half row between them over the whole figure).
+    fig.update_yaxes(visible=False, **(dict(range=[1.6, -1.0]) if chain else dict(autorange="reversed")))
     fig.update_layout(
         title=dict(text=tree_title(tree, rnd), x=0.01, y=0.99, font=dict(size=look.font(15))),
         showlegend=False,  # the column headings, in each head's colour, are the key

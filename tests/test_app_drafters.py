@@ -49,10 +49,16 @@ def test_a_prompt_lookup_round_says_where_it_copied_from_or_that_nothing_matched
 
 
 def test_chain_rounds_draw_one_row_headed_by_the_drafter_with_who_proposed_each_node(draft, lookup):
-    figure = tree_figure(draft.tree, draft.rounds[0])
+    figure = tree_figure(draft.tree, draft.rounds[1])  # no guess accepted
     headings = figure.layout.xaxis.ticktext
     assert ">root<" in headings[0] and ">draft 1<" in headings[1] and ">draft 4<" in headings[4]
-    assert len({y for trace in figure.data if trace.y for y in trace.y if y is not None}) == 1  # one row
+    (star,) = [trace for trace in figure.data if (trace.name or "").startswith("next token")]
+    drawn = [trace for trace in figure.data if trace.y and trace.name and trace is not star]  # not the star's line
+    rows = {y for trace in drawn for y in trace.y if y is not None}
+    assert rows == {0.0}  # one row; the star sits half a row below it, off the rejected guesses' line
+    assert star.y == (0.5,) and figure.layout.yaxis.range == (1.6, -1.0)  # a range that fits both, not stretched
+    full = tree_figure(draft.tree, draft.rounds[0])  # every guess accepted: the star follows on the row
+    assert [t for t in full.data if (t.name or "").startswith("next token")][0].y == (0.0,)
     hovers = _node_hovers(figure)
     assert any("the draft model's guess, 2 token(s) after the root" in h and "probability: 0.50" in h
                for h in hovers)
