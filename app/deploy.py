@@ -182,11 +182,12 @@ def shipped_files(root: Path) -> list[ShippedFile]:
 
 # ----- the README's front matter -----
 def hub_models() -> list[str]:
-    """Every hub model the app can load: the registry's bases and heads, then the wheel models' originals."""
+    """Every hub model the app can load: the registry's bases, heads and draft models, then the wheel
+    models' originals."""
     from decoding.fetch import WHEEL_MODELS
     from decoding.registry import MODEL_REGISTRY
 
-    ids = [i for entry in MODEL_REGISTRY.values() for i in (entry.base, entry.heads) if i]
+    ids = [i for entry in MODEL_REGISTRY.values() for i in (entry.base, entry.heads, entry.draft) if i]
     ids += [model.hub_id for model in WHEEL_MODELS.values()]
     return list(dict.fromkeys(ids))
 
