@@ -98,18 +98,34 @@ def test_draft_model_cache_keeps_in_step(tiny_llama, tiny_dirs, top_k):
         written += rnd.emitted_tokens
 
 
+@pytest.mark.parametrize("stop", [None, 3])
 @pytest.mark.parametrize("ngram", [1, 2, 3])
 @pytest.mark.parametrize("seed", range(30))
-def test_lookup_matches_transformers(ngram, seed):
+def test_lookup_matches_transformers(ngram, seed, stop):
     """The same guesses as transformers' PromptLookupCandidateGenerator, on random token strings
-    small enough in alphabet to repeat."""
+    small enough in alphabet to repeat, with a stop token among them or without."""
     generator = torch.Generator().manual_seed(seed)
     length = int(torch.randint(2, 40, (1,), generator=generator))
     sequence = torch.randint(0, 4, (length,), generator=generator).tolist()
-    theirs = PromptLookupCandidateGenerator(num_output_tokens=5, max_matching_ngram_size=ngram, max_length=1000)
+    theirs = PromptLookupCandidateGenerator(None if stop is None else torch.tensor([stop]), num_output_tokens=5,
+                                            max_matching_ngram_size=ngram, max_length=1000)
     candidates, _ = theirs.get_candidates(torch.tensor([sequence]))
     expected = candidates[0, len(sequence):].tolist()
-    assert find_continuation(sequence, ngram, 5)[0] == expected
+    stop_ids = frozenset() if stop is None else frozenset([stop])
+    assert find_continuation(sequence, ngram, 5, stop_ids)[0] == expected
+
+
+def test_draft_model_stops_guessing_at_an_end_of_text(tiny_llama, tiny_dirs):
+    """Past a guessed end of text there is nothing to guess: the chain ends there."""
+    plain = generate(tiny_llama, "abc", DecodeSettings(method="ar", max_new_tokens=8))
+    first, second = plain.tokens[1], plain.tokens[2]
+    assert first != second, "the test needs two different tokens"
+    exact = noisy_draft(tiny_llama, tiny_dirs["llama"], 0.0, 0)
+    draft = dataclasses.replace(exact, eos_token_ids=frozenset([second]))  # the base does not stop there
+    run_mm = dataclasses.replace(tiny_llama, draft=draft, _token_texts={})
+    trace = generate(run_mm, "abc", DecodeSettings(method="draft-model", draft_tokens=5, max_new_tokens=8))
+    assert trace.rounds[0].draft_passes == 2 and trace.rounds[0].tree_size == 3
+    assert trace.tokens == plain.tokens
 
 
 def test_lookup_by_hand():
@@ -117,6 +133,8 @@ def test_lookup_by_hand():
     assert find_continuation([1, 2, 3, 4, 2, 9, 1, 2], 2, 3) == ([3, 4, 2], 2)
     assert find_continuation([5, 6, 7], 2, 3) == ([], None)
     assert find_continuation([7, 8, 7], 3, 4) == ([8, 7], 1)  # only what was written can be copied
+    assert find_continuation([1, 2, 0, 5, 1, 2], 2, 4, frozenset([5])) == ([0], 2)  # cut before a stop token
+    assert find_continuation([1, 2, 5, 1, 2], 2, 4, frozenset([5])) == ([], None)
 
 
 def test_trace_says_who_proposed_each_node(tiny_llama):

@@ -196,8 +196,8 @@ def test_speculative_sampling_end_to_end(word_model, method, top_k):
     counts: dict[tuple[int, ...], int] = {}
     guessed = 0
     for seed in range(SAMPLES):
-        settings = DecodeSettings(method=method, draft_top_k=top_k, max_new_tokens=2, acceptance="sample", temperature=TEMPERATURE,
-                                  top_p=TOP_P, seed=seed, detailed_trace=False)
+        settings = DecodeSettings(method=method, draft_top_k=top_k, max_new_tokens=2, acceptance="sample",
+                                  temperature=TEMPERATURE, top_p=TOP_P, seed=seed, detailed_trace=False)
         trace = generate(word_model, PROMPT, settings)
         pair = tuple(trace.tokens)
         counts[pair] = counts.get(pair, 0) + 1

@@ -31,5 +31,5 @@ def make_drafter(mm: MedusaModel, settings: DecodeSettings) -> Drafter:
                 "shares its tokenizer (a directory or hub id)")
         return DraftModelDrafter(mm.draft, settings.draft_tokens, settings.draft_top_k)
     if settings.method == "prompt-lookup":
-        return PromptLookupDrafter(mm.device, settings.lookup_tokens, settings.lookup_ngram)
+        return PromptLookupDrafter(mm.device, settings.lookup_tokens, settings.lookup_ngram, mm.eos_token_ids)
     raise DecodingError(f"method {settings.method!r} has no drafter")

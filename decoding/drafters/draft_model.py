@@ -56,20 +56,22 @@ class DraftModelDrafter(Drafter):
         length = min(self.length, max_depth, room)
         if length < 1:
             return root_only(self.tree, root, self.draft.device)
-        tree = self.tree.cut(length)
         pending = self.written[self.cache.get_seq_length():] + [root]
         steps = []
-        for _ in range(length):
+        while len(steps) < length:
             logits, _ = run_model(self.draft, pending, self.cache, last_only=True)
             steps.append(logits[-1].float())
             pending = [int(steps[-1].argmax())]  # the greedy guess runs on; runners-up stay leaves
+            if pending[0] in self.draft.eos_token_ids:
+                break  # past an end of text there is nothing to guess
+        tree = self.tree.cut(len(steps))
         step_logits = torch.stack(steps)
         top_logits, guesses = step_logits.topk(self.top_k, dim=-1)
         self.chain = guesses[:, 0].tolist()
         root_tensor = torch.tensor([root], device=self.draft.device)
         tokens = torch.cat([root_tensor, guesses.flatten()[tree.draft_index.to(self.draft.device)]])
         probs = torch.exp(top_logits - step_logits.logsumexp(dim=-1, keepdim=True)) if with_probs else None
-        return Proposal(tree, tokens, guesses=guesses, guess_probs=probs, draft_passes=length)
+        return Proposal(tree, tokens, guesses=guesses, guess_probs=probs, draft_passes=len(steps))
 
     def advance(self, written: list[int]) -> None:
         # The cache ran on the root and the greedy guesses but the last. Its rows are good up to

@@ -4,7 +4,8 @@ Find the last few tokens (an n-gram, longest first) earlier in the prompt or the
 and guess that what followed them then follows them now. No model and no training: it pays when
 the answer repeats its input (summaries, edits, code), and costs a longer verify pass when it
 does not. The matching rule is transformers' prompt lookup decoding: the longest n-gram up to
-`max_ngram`, its first occurrence that has a continuation.
+`max_ngram`, its first occurrence that has a continuation, cut before any stop token (a chat
+prompt is full of end-of-turn tokens; a guess after one could only end the answer).
 """
 
 from __future__ import annotations
@@ -15,24 +16,29 @@ from ..trace import DrafterInfo
 from .base import Drafter, Proposal, chain_proposal, chain_tree, root_only
 
 
-def find_continuation(sequence: list[int], max_ngram: int, length: int) -> tuple[list[int], int | None]:
+def find_continuation(sequence: list[int], max_ngram: int, length: int,
+                      stop_ids: frozenset[int] = frozenset()) -> tuple[list[int], int | None]:
     """Up to `length` tokens that followed an earlier occurrence of the sequence's last n-gram,
-    and where they start; ([], None) when no n-gram from `max_ngram` down to 1 recurs."""
+    cut before the first of `stop_ids`, and where they start; ([], None) when no n-gram from
+    `max_ngram` down to 1 recurs, or the first one found is followed by a stop token."""
     end = len(sequence)
     for n in range(min(max_ngram, end - 1), 0, -1):
         tail = sequence[-n:]
         for start in range(end - n):  # the tail itself (start = end - n) has no continuation
             if sequence[start:start + n] == tail:
                 follow = start + n
-                return sequence[follow:min(follow + length, end)], follow
+                copied = sequence[follow:min(follow + length, end)]
+                stop = next((i for i, token in enumerate(copied) if token in stop_ids), len(copied))
+                return (copied[:stop], follow) if stop else ([], None)
     return [], None
 
 
 class PromptLookupDrafter(Drafter):
     name = "prompt-lookup"
 
-    def __init__(self, device: torch.device, length: int, max_ngram: int) -> None:
-        self.device, self.length, self.max_ngram = device, length, max_ngram
+    def __init__(self, device: torch.device, length: int, max_ngram: int,
+                 stop_ids: frozenset[int] = frozenset()) -> None:
+        self.device, self.length, self.max_ngram, self.stop_ids = device, length, max_ngram, stop_ids
         self.tree = chain_tree(length)
         self.written: list[int] = []
 
@@ -40,7 +46,8 @@ class PromptLookupDrafter(Drafter):
         self.written = list(prompt_ids)
 
     def propose(self, root: int, hidden: torch.Tensor | None, max_depth: int, with_probs: bool) -> Proposal:
-        copied, start = find_continuation(self.written + [root], self.max_ngram, min(self.length, max_depth))
+        copied, start = find_continuation(self.written + [root], self.max_ngram, min(self.length, max_depth),
+                                          self.stop_ids)
         if not copied:
             return root_only(self.tree, root, self.device)
         proposal = chain_proposal(self.tree, root, copied, self.device)
