@@ -37,8 +37,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from decoding.training.base_tokens import encode_documents, special_ids, token_stream
 from decoding.training.corpus import DEFAULT_HELDOUT_FRACTION, build_corpus, record_folders, split_records
-from decoding.training.train_base import encode_documents, special_ids, token_stream
 
 CHAINS = (1, 2, 4, 8)
 

@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load_file
 
 from decoding.errors import DecodingError
+from decoding.training import base_tokens, train_base
 from decoding.training import cli as training_cli
-from decoding.training import train_base
 from decoding.training.corpus import (
     DOC_SEPARATOR,
     STDLIB_HELDOUT_EVERY,
@@ -257,12 +257,12 @@ def test_special_ids_fall_back_to_eos(tmp_path: Path) -> None:
 
     bare = AutoTokenizer.from_pretrained(chat_tokenizer(tmp_path, bos=False, pad=False))
     assert bare.bos_token_id is None and bare.pad_token_id is None
-    assert train_base.special_ids(bare) == (2, 2, 2)
+    assert base_tokens.special_ids(bare) == (2, 2, 2)
     full = AutoTokenizer.from_pretrained(chat_tokenizer(tmp_path))
-    assert train_base.special_ids(full) == (1, 2, 0)
+    assert base_tokens.special_ids(full) == (1, 2, 0)
     full.eos_token = None
     with pytest.raises(DecodingError, match="no EOS"):
-        train_base.special_ids(full)
+        base_tokens.special_ids(full)
 
 
 def write_records(folder: Path, shards: int, per_shard: int, seed: int, vocab: int = 280) -> list[Record]:

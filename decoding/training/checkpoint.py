@@ -38,12 +38,13 @@ def load_state(path: Path) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def save_model_as(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: Path,
+def save_model_as(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, directory: Path,
                   dtype: str) -> None:
-    """Save model and tokenizer with the weights in `dtype` ("float32" or "bfloat16").
+    """Save model and tokenizer (if one is given) with the weights in `dtype` ("float32" or "bfloat16").
 
     A converted copy: the model itself keeps its dtype, so training can go on in float32.
     Copying the module (not just its tensors) keeps tied embeddings tied: they are saved once.
     """
     copy.deepcopy(model).to(SAVE_DTYPES[dtype]).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)

@@ -23,7 +23,6 @@ Training is built for a shared 2-core CPU with a wall-clock budget:
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import time
@@ -32,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from tqdm.auto import tqdm
 from transformers import (
     AutoTokenizer,
@@ -44,15 +42,15 @@ from transformers import (
 )
 
 from ..errors import DecodingError
-from .checkpoint import SAVE_DTYPES, load_state, save_model_as, save_state
-from .corpus import DOC_SEPARATOR, build_corpus, build_record_corpus, record_folders
+from .base_tokens import MAX_POSITIONS, encode_documents, special_ids, token_stream, train_tokenizer
+from .checkpoint import load_state, save_model_as, save_state
+from .corpus import build_corpus, build_record_corpus, record_folders
 
 CHECKPOINT_DIR = "checkpoint"
 CHECKPOINT_FILE = "state.pt"
 BEST_DIR = "best"
 LOG_FILE = "training_log.json"
 CURVE_FILE = "loss_curve.png"
-MAX_POSITIONS = 1024
 
 
 @dataclass
@@ -101,77 +99,6 @@ class BaseTrainingSettings:
         if self.max_tokens is None:
             return self.max_steps
         return min(self.max_steps or math.inf, math.ceil(self.max_tokens / self.tokens_per_step))
-
-
-def train_tokenizer(train_text: str, vocab_size: int) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE with one special token used as BOS, EOS and PAD.
-
-    Byte-level means any input round-trips (no unknown tokens) and decoding
-    restores spaces. The post-processor prepends BOS, matching training where
-    every document follows the separator, so a prompt looks like a fresh
-    document to the model.
-    """
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=[DOC_SEPARATOR],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        min_frequency=2,
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(train_text.split(DOC_SEPARATOR), trainer=trainer)
-    eos_id = tokenizer.token_to_id(DOC_SEPARATOR)
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{DOC_SEPARATOR} $A",
-        pair=f"{DOC_SEPARATOR} $A {DOC_SEPARATOR} $B",
-        special_tokens=[(DOC_SEPARATOR, eos_id)],
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        bos_token=DOC_SEPARATOR,
-        eos_token=DOC_SEPARATOR,
-        pad_token=DOC_SEPARATOR,
-        model_max_length=MAX_POSITIONS,
-        clean_up_tokenization_spaces=False,
-    )
-
-
-def special_ids(tokenizer: PreTrainedTokenizerBase) -> tuple[int, int, int]:
-    """``(bos, eos, pad)`` ids for the model: the tokenizer's own, a missing BOS or PAD being EOS.
-
-    A tokenizer trained here has one special token that is all three; a given one (say a chat
-    model's) may have three different ones, or no BOS or PAD at all.
-    """
-    eos = tokenizer.eos_token_id
-    if eos is None:
-        raise DecodingError("the tokenizer has no EOS token: a model trained for it could never stop")
-    bos = eos if tokenizer.bos_token_id is None else tokenizer.bos_token_id
-    pad = eos if tokenizer.pad_token_id is None else tokenizer.pad_token_id
-    return bos, eos, pad
-
-
-def encode_documents(tokenizer: PreTrainedTokenizerBase, text: str) -> list[list[int]]:
-    """Token ids of each document, each starting with BOS (as a prompt does at inference).
-
-    The tokenizer adds its own special tokens; where it adds no BOS (a chat model's may not),
-    BOS is put first, so that every document still starts at a boundary the model can see.
-    """
-    bos = special_ids(tokenizer)[0]
-    docs = [d for d in text.split(DOC_SEPARATOR) if d.strip()]
-    encodings = tokenizer(docs, add_special_tokens=True)["input_ids"]
-    return [ids if ids[:1] == [bos] else [bos, *ids] for ids in encodings]
-
-
-def token_stream(documents: list[list[int]]) -> torch.Tensor:
-    """All documents' ids, one after another, as the stream training windows are cut from."""
-    return torch.tensor([i for ids in documents for i in ids], dtype=torch.long)
-
-
-def encode_stream(tokenizer: PreTrainedTokenizerBase, text: str) -> torch.Tensor:
-    """Token ids of all documents, each preceded by BOS (as at inference)."""
-    return token_stream(encode_documents(tokenizer, text))
 
 
 def build_model(settings: BaseTrainingSettings, tokenizer: PreTrainedTokenizerBase) -> LlamaForCausalLM:
@@ -398,10 +325,8 @@ class BaseTraining:
     def save_model(self, directory: Path) -> None:
         """The model, with the tokenizer if it was trained here; a given tokenizer stays where it
         is (a draft model is loaded with its target's), so the folder holds the model alone."""
-        if self.settings.tokenizer is None:
-            save_model_as(self.model, self.tokenizer, directory, self.settings.save_dtype)
-        else:  # as save_model_as does, less the tokenizer
-            copy.deepcopy(self.model).to(SAVE_DTYPES[self.settings.save_dtype]).save_pretrained(directory)
+        tokenizer = self.tokenizer if self.settings.tokenizer is None else None
+        save_model_as(self.model, tokenizer, directory, self.settings.save_dtype)
 
     def run(self) -> None:
         """Train to the end of the schedule, then save the model, its log and its loss curve."""
