@@ -32,9 +32,31 @@ from .trace import RunTrace
 
 
 @dataclass
+class LibraryRuns:
+    """The library's own runs of one decoder (`generate` arguments in `options`), and whether
+    they wrote the same tokens as ours."""
+
+    options: dict
+    tokens: int = 0
+    seconds: float = 0.0
+    identical: bool = True
+
+    def run(self, mm: MedusaModel, prompt: str, max_new_tokens: int, ours: list[int]) -> None:
+        tokens, seconds = transformers_generate(mm, prompt, max_new_tokens, self.options)
+        self.tokens += len(tokens)
+        self.seconds += seconds
+        self.identical &= tokens == ours
+
+    def figures(self) -> dict:
+        return {"tokens": self.tokens, "seconds": self.seconds,
+                "tokens_per_second": self.tokens / self.seconds if self.seconds else 0.0,
+                "identical": self.identical}
+
+
+@dataclass
 class LaneRuns:
     """One lane's runs: traced as the page records them, and untraced (nothing recorded); and,
-    when compared, the library's own runs of the same decoder."""
+    when compared, the library's own runs of the same decoder (None where it has none)."""
 
     settings: DecodeSettings
     tree: str
@@ -42,9 +64,7 @@ class LaneRuns:
     traced: list[RunTrace] = field(default_factory=list)
     untraced: list[RunTrace] = field(default_factory=list)
     identical: bool = True
-    library_tokens: int = 0
-    library_seconds: float = 0.0
-    library_identical: bool = True
+    library: LibraryRuns | None = None
 
     @property
     def drafter(self) -> str:
@@ -85,11 +105,8 @@ def lane_figures(runs: LaneRuns, ar: Timing, acceptance: str) -> dict:
         "trace_overhead_by_difference": (clock - untraced.seconds) / untraced.seconds if untraced.seconds else 0.0,
         "traced": method_figures(traced), "untraced": method_figures(untraced),
     }
-    if runs.library_seconds:
-        library = Timing(tokens=runs.library_tokens, seconds=runs.library_seconds)
-        row["transformers"] = {"tokens": library.tokens, "seconds": library.seconds,
-                               "tokens_per_second": library.tokens_per_second,
-                               "identical": runs.library_identical}
+    if runs.library is not None:
+        row["transformers"] = runs.library.figures()
     return row
 
 
@@ -153,15 +170,19 @@ def transformers_generate(mm: MedusaModel, prompt: str, max_new_tokens: int,
     return out[0, ids.shape[1]:].tolist(), time.perf_counter() - start
 
 
-def make_lanes(mm: MedusaModel, settings: DecodeSettings, drafters: list[str], trees: list) -> list[LaneRuns]:
-    """One lane per drafter, Medusa's once per tree; each named by its tree after pruning."""
+def make_lanes(mm: MedusaModel, settings: DecodeSettings, drafters: list[str], trees: list,
+               compare: bool) -> list[LaneRuns]:
+    """One lane per drafter, Medusa's once per tree; each named by its tree after pruning, and,
+    with `compare`, given the library's version of its decoder where there is one."""
     lanes = []
     for drafter in drafters:
         for tree in trees if drafter == "medusa" else [settings.tree]:
             lane_settings = replace(settings, method=drafter, tree=tree)
             lane_settings.validate()
             shape = make_drafter(mm, lane_settings).tree
-            lanes.append(LaneRuns(lane_settings, shape.name, shape.size))
+            options = library_options(mm, lane_settings) if compare else None
+            library = None if options is None else LibraryRuns(options)
+            lanes.append(LaneRuns(lane_settings, shape.name, shape.size, library=library))
     return lanes
 
 
@@ -176,37 +197,34 @@ def run_bench(mm: MedusaModel, prompts: list[str], settings: DecodeSettings, tre
     """
     compare = compare_transformers and settings.acceptance == "greedy"
     ar_settings = replace(settings, method="ar")
-    lanes = make_lanes(mm, settings, drafters or ["medusa"], trees)
-    library = {id(lane): library_options(mm, lane.settings) for lane in lanes} if compare else {}
+    lanes = make_lanes(mm, settings, drafters or ["medusa"], trees, compare)
+    plain_library = LibraryRuns(options={}) if compare else None
+    libraries = [lib for lib in [plain_library, *(lane.library for lane in lanes)] if lib is not None]
     # Warm-up: first calls pay for allocations and lazy initialisation; keep that out of the figures.
     warm_tokens = min(8, settings.max_new_tokens)
     for s in [ar_settings] + [lane.settings for lane in lanes]:
         generate(mm, prompts[0], replace(s, max_new_tokens=warm_tokens))
-    for options in ([{}] + [o for o in library.values() if o is not None]) if compare else []:
-        transformers_generate(mm, prompts[0], warm_tokens, options)
+    for library in libraries:
+        transformers_generate(mm, prompts[0], warm_tokens, library.options)
 
     ar_runs: list[RunTrace] = []
-    plain_library = LaneRuns(ar_settings, "", 1)
     for i, prompt in enumerate(tqdm(prompts, desc="bench", disable=not progress)):
         # Alternate the order so neither plain decoding nor the lanes always run on a warmer machine.
         plan = ["ar", "lanes"] if i % 2 == 0 else ["lanes", "ar"]
-        outputs: dict[int, list[int]] = {}
         for step in plan:
             if step == "ar":
                 ar_trace = generate(mm, prompt, ar_settings)
                 ar_runs.append(ar_trace)
-                if compare:
-                    _library_run(mm, prompt, settings.max_new_tokens, {}, plain_library, ar_trace.tokens)
+                if plain_library is not None:
+                    plain_library.run(mm, prompt, settings.max_new_tokens, ar_trace.tokens)
                 continue
             for lane in lanes:
-                traced = generate(mm, prompt, lane.settings)
-                lane.traced.append(traced)
+                lane.traced.append(generate(mm, prompt, lane.settings))
                 lane.untraced.append(generate(mm, prompt, replace(lane.settings, detailed_trace=False)))
-                outputs[id(lane)] = traced.tokens
-                if library.get(id(lane)) is not None:
-                    _library_run(mm, prompt, settings.max_new_tokens, library[id(lane)], lane, traced.tokens)
+                if lane.library is not None:
+                    lane.library.run(mm, prompt, settings.max_new_tokens, lane.traced[-1].tokens)
         for lane in lanes:
-            lane.identical &= outputs[id(lane)] == ar_trace.tokens
+            lane.identical &= lane.traced[-1].tokens == ar_trace.tokens
 
     ar = Timing.of(ar_runs)
     rows = [lane_figures(lane, ar, settings.acceptance) for lane in lanes]
@@ -218,21 +236,8 @@ def run_bench(mm: MedusaModel, prompts: list[str], settings: DecodeSettings, tre
         "speedup": first["speedup"], "mean_accepted": first["mean_accepted"],
         "identical": first["identical"], "trace_overhead": first["trace_overhead"],
         "ar": method_figures(ar), "lanes": rows,
-        **({"transformers_generate": {"tokens": plain_library.library_tokens,
-                                      "seconds": plain_library.library_seconds,
-                                      "tokens_per_second": plain_library.library_tokens / plain_library.library_seconds,
-                                      "identical_to_ar": plain_library.library_identical}}
-           if compare else {}),
+        **({"transformers_generate": plain_library.figures()} if plain_library is not None else {}),
     }
-
-
-def _library_run(mm: MedusaModel, prompt: str, max_new_tokens: int, options: dict, lane: LaneRuns,
-                 ours: list[int]) -> None:
-    """One run of the library's decoder for `lane`, added to the lane's library totals."""
-    tokens, seconds = transformers_generate(mm, prompt, max_new_tokens, options)
-    lane.library_tokens += len(tokens)
-    lane.library_seconds += seconds
-    lane.library_identical &= tokens == ours
 
 
 def _library_lines(report: dict) -> list[str]:
@@ -241,7 +246,7 @@ def _library_lines(report: dict) -> list[str]:
     if not library:
         return []
     ratio = report["ar"]["tokens_per_second"] / library["tokens_per_second"]
-    same = "yes" if library["identical_to_ar"] else "NO"
+    same = "yes" if library["identical"] else "NO"
     lines = [f"transformers' generate(do_sample=False): {library['tokens_per_second']:.1f} tok/s on the same "
              f"inputs; our plain decoding runs at {ratio:.2f}x its speed; same tokens: {same}"]
     for row in report["lanes"]:

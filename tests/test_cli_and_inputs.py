@@ -100,7 +100,7 @@ def test_cli_bench_compares_with_transformers_generate(capsys, tiny_dirs, tmp_pa
     assert code == 0
     library = json.loads(out)["transformers_generate"]
     # The library wrote the same greedy tokens as our plain decoding, on the same inputs.
-    assert library["identical_to_ar"] is True and library["tokens"] == 2 * 12
+    assert library["identical"] is True and library["tokens"] == 2 * 12
     assert library["tokens_per_second"] > 0
     code, out, _ = run_cli(capsys, "bench", "--model", str(tiny_dirs["llama"]), "--prompts", str(prompts),
                            "--max-new-tokens", "12", "--tree", "chain-3", "--compare-generate")
