@@ -26,7 +26,7 @@ from decoding.errors import DecodingError
 from decoding.generate import generate
 from decoding.model import MedusaModel
 from decoding.settings import DecodeSettings
-from decoding.stats import Spread, Timing, in_steps, speedup, spread
+from decoding.stats import Spread, Timing, draft_cost, speedup, spread
 from decoding.trace import RunTrace
 
 PLAIN = "ar"
@@ -68,9 +68,7 @@ class RaceResult:
     def draft_cost(self, lane: str) -> float:
         """The lane's drafting alone, per round, in plain decoding steps (its time before each
         verify pass: the heads, the draft model's passes or the lookup)."""
-        timing = self.timing(lane)
-        seconds = sum(rnd.time_draft for race in self.races for rnd in race[lane].rounds)
-        return in_steps(seconds / timing.rounds, self.timing(PLAIN)) if timing.rounds else 0.0
+        return draft_cost(self.timing(PLAIN), self.timing(lane))
 
     @property
     def shown_index(self) -> int:

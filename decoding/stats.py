@@ -11,7 +11,8 @@ Definitions (every one from the engine's own clock, which only runs inside the d
   costing 1.5 steps and adding 2.4 tokens gives a speedup of about 2.4 / 1.5 = 1.6;
 - its *verify cost*: the verify passes alone, in the same steps; the *rest of the round*
   (round cost less verify cost) is drafting, accepting and bookkeeping. Tokens per pass /
-  verify cost is the ceiling a free draft would reach;
+  verify cost is the ceiling a free draft would reach; the *draft cost* is the drafting alone
+  (the heads, a draft model's passes, or the lookup) per round, in the same steps;
 - *recording overhead*: the seconds spent recording details for the page over the decoding
   seconds (what `bench` calls trace cost).
 
@@ -39,6 +40,7 @@ class Timing:
     seconds: float = 0.0  # decoding seconds, prefill included, recording excluded
     round_seconds: float = 0.0  # the same for the rounds alone
     verify_seconds: float = 0.0  # the rounds' base-model passes alone
+    draft_seconds: float = 0.0  # the rounds' drafting alone, before each verify pass
     recording_seconds: float = 0.0  # spent recording per-node details for the page (not decoding)
 
     @classmethod
@@ -53,6 +55,7 @@ class Timing:
             seconds=seconds,
             round_seconds=seconds - sum(t.time_prefill for t in runs),
             verify_seconds=sum(r.time_verify for t in runs for r in t.rounds),
+            draft_seconds=sum(r.time_draft for t in runs for r in t.rounds),
             recording_seconds=sum(r.time_trace for t in runs for r in t.rounds),
         )
 
@@ -105,6 +108,11 @@ def round_cost(ar: Timing, medusa: Timing) -> float:
 def verify_cost(ar: Timing, medusa: Timing) -> float:
     """The verify pass of one Medusa round in plain decoding steps."""
     return in_steps(medusa.verify_seconds / medusa.rounds, ar) if medusa.rounds else 0.0
+
+
+def draft_cost(ar: Timing, drafted: Timing) -> float:
+    """The drafting of one round in plain decoding steps: what a drafter costs before it is checked."""
+    return in_steps(drafted.draft_seconds / drafted.rounds, ar) if drafted.rounds else 0.0
 
 
 def rest_of_round_cost(ar: Timing, medusa: Timing) -> float:
