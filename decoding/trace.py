@@ -65,6 +65,35 @@ class DrafterInfo:
 
 
 @dataclass
+class CostCurve:
+    """What a forward pass over T tokens costs on this machine, in one-token steps.
+
+    Measured on the loaded model (see `cost_curve.py`): `costs[i]` is the median time of a
+    `sizes[i]`-token pass over the median time of a one-token step, both after the same cached
+    prefix. Flat (about 1) is the regime Medusa is built for: checking many guesses costs about
+    one pass. Steep means each extra guess costs real time here, so small trees win.
+    """
+
+    sizes: list[int]
+    costs: list[float]
+    step_seconds: float  # the median one-token step, in seconds
+    device: str
+    dtype: str
+    threads: int
+    past: int  # cached tokens before each timed pass
+    measured_at: str  # ISO 8601, when the measurement was taken (it may come from the cache)
+
+    def cost(self, size: int) -> float:
+        """The cost of a `size`-token pass, linearly interpolated between measured sizes."""
+        if size <= self.sizes[0]:
+            return self.costs[0]
+        for (a, ca), (b, cb) in zip(zip(self.sizes, self.costs), zip(self.sizes[1:], self.costs[1:])):
+            if size <= b:
+                return ca + (cb - ca) * (size - a) / (b - a)
+        return self.costs[-1]
+
+
+@dataclass
 class RoundTrace:
     """One round. For AR runs the tree fields are empty and `emitted_tokens` holds one token."""
 
@@ -168,6 +197,11 @@ class RunTrace:
     stop_reason: str = ""  # "max_new_tokens", "eos" or "context_limit"
     total_time: float = 0.0
     detailed: bool = True
+    # Why the run is in `dtype` on this device, in a sentence ("bfloat16: the CPU's matrix units
+    # make it 1.4x faster than float32 here"); empty when the user named the dtype.
+    dtype_reason: str = ""
+    # The measured cost of a T-token pass on this machine, when the model's curve was measured.
+    cost_curve: CostCurve | None = None
 
     # ----- totals, derived from the rounds so they can never disagree with them -----
     @property
@@ -235,6 +269,8 @@ class RunTrace:
             fields["tree"] = TreeTrace(**fields["tree"])
         if fields.get("drafter") is not None:
             fields["drafter"] = DrafterInfo(**fields["drafter"])
+        if fields.get("cost_curve") is not None:
+            fields["cost_curve"] = CostCurve(**fields["cost_curve"])
         fields["rounds"] = [RoundTrace(**r) for r in fields.get("rounds", [])]
         return cls(**fields)
 
