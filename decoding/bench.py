@@ -14,6 +14,7 @@ the same lengths. They are the peers our lanes must match in output and speed.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -82,18 +83,21 @@ def method_figures(timing: Timing) -> dict:
             "seconds_per_round": timing.seconds_per_round}
 
 
-def lane_figures(runs: LaneRuns, ar: Timing, acceptance: str) -> dict:
+def lane_figures(runs: LaneRuns, ar: Timing, acceptance: str, baseline: Timing | None = None) -> dict:
     """One lane's row of the report, every figure defined in `stats.py`.
 
     The speedup and tokens per pass come from the traced runs (the page's figures); the round
     costs from the untraced ones, so that recording is not counted: speedup ≈ mean_accepted /
-    round_cost, and with free drafting it would be mean_accepted / verify_cost.
+    round_cost, and with free drafting it would be mean_accepted / verify_cost. Round costs are in
+    steps of plain decoding in the lane's own dtype (`ar`); the speedup is over `baseline`, the
+    fastest plain decoding measured (`ar` itself unless float32 was faster).
     """
     traced, untraced = Timing.of(runs.traced), Timing.of(runs.untraced)
     clock = traced.seconds + traced.recording_seconds  # the engine's clock, recording included
     row = {
         "drafter": runs.drafter, "tree": runs.tree, "tree_size": runs.tree_size, "label": runs.label,
-        "speedup": speedup(ar, traced),
+        "speedup": speedup(baseline or ar, traced),
+        "speedup_same_dtype": speedup(ar, traced),
         "mean_accepted": traced.tokens_per_pass,
         "round_cost": round_cost(ar, untraced),
         "verify_cost": verify_cost(ar, untraced),
@@ -188,12 +192,14 @@ def make_lanes(mm: MedusaModel, settings: DecodeSettings, drafters: list[str], t
 
 def run_bench(mm: MedusaModel, prompts: list[str], settings: DecodeSettings, trees: list,
               progress: bool = True, compare_transformers: bool = False,
-              drafters: list[str] | None = None) -> dict:
+              drafters: list[str] | None = None, float32_model: MedusaModel | None = None) -> dict:
     """Decode every prompt with AR and with every lane; return totals and ratios.
 
     With `compare_transformers`, transformers' own greedy decoders run beside ours on the same
     inputs (plain generate; assisted generation and prompt lookup for those lanes), so neither
-    the baseline nor the drafters are shown against a slow implementation.
+    the baseline nor the drafters are shown against a slow implementation. With `float32_model`
+    (the same model in float32, when `mm` runs in another dtype), plain decoding in float32 runs
+    beside it too, and every speedup counts against the faster of the two plain decodings.
     """
     compare = compare_transformers and settings.acceptance == "greedy"
     ar_settings = replace(settings, method="ar")
@@ -204,6 +210,9 @@ def run_bench(mm: MedusaModel, prompts: list[str], settings: DecodeSettings, tre
     warm_tokens = min(8, settings.max_new_tokens)
     for s in [ar_settings] + [lane.settings for lane in lanes]:
         generate(mm, prompts[0], replace(s, max_new_tokens=warm_tokens))
+    if float32_model is not None:
+        generate(float32_model, prompts[0], replace(ar_settings, max_new_tokens=warm_tokens))
+    float32_runs: list[RunTrace] = []
     for library in libraries:
         transformers_generate(mm, prompts[0], warm_tokens, library.options)
 
@@ -215,6 +224,8 @@ def run_bench(mm: MedusaModel, prompts: list[str], settings: DecodeSettings, tre
             if step == "ar":
                 ar_trace = generate(mm, prompt, ar_settings)
                 ar_runs.append(ar_trace)
+                if float32_model is not None:
+                    float32_runs.append(generate(float32_model, prompt, ar_settings))
                 if plain_library is not None:
                     plain_library.run(mm, prompt, settings.max_new_tokens, ar_trace.tokens)
                 continue
@@ -227,15 +238,22 @@ def run_bench(mm: MedusaModel, prompts: list[str], settings: DecodeSettings, tre
             lane.identical &= lane.traced[-1].tokens == ar_trace.tokens
 
     ar = Timing.of(ar_runs)
-    rows = [lane_figures(lane, ar, settings.acceptance) for lane in lanes]
+    ar_float32 = Timing.of(float32_runs) if float32_runs else None
+    baseline = ar_float32 if ar_float32 and ar_float32.tokens_per_second > ar.tokens_per_second else ar
+    rows = [lane_figures(lane, ar, settings.acceptance, baseline) for lane in lanes]
     first = rows[0]
+    dtype = str(mm.dtype).removeprefix("torch.")
     return {
-        "model": mm.name, "device": str(mm.device), "dtype": str(mm.dtype).removeprefix("torch."),
+        "model": mm.name, "device": str(mm.device), "dtype": dtype, "dtype_reason": mm.dtype_reason,
+        "attention": "gathered" if mm.gathered_attention else "library",
         "prompts": len(prompts), "max_new_tokens": settings.max_new_tokens,
         "acceptance": settings.acceptance,
         "speedup": first["speedup"], "mean_accepted": first["mean_accepted"],
         "identical": first["identical"], "trace_overhead": first["trace_overhead"],
+        "baseline": f"plain decoding in {'float32' if baseline is ar_float32 else dtype}",
         "ar": method_figures(ar), "lanes": rows,
+        **({"ar_float32": method_figures(ar_float32)} if ar_float32 else {}),
+        **({"cost_curve": dataclasses.asdict(mm.cost_curve)} if mm.cost_curve else {}),
         **({"transformers_generate": plain_library.figures()} if plain_library is not None else {}),
     }
 
@@ -259,6 +277,24 @@ def _library_lines(report: dict) -> list[str]:
     return lines
 
 
+def _float32_lines(report: dict) -> list[str]:
+    if "ar_float32" not in report:
+        return []
+    ar32 = report["ar_float32"]
+    return [f"AR in float32: {ar32['tokens_per_second']:.1f} tok/s, {ar32['seconds_per_round'] * 1e3:.2f} ms a step; "
+            f"speedups count against {report['baseline']}, the faster"]
+
+
+def _curve_lines(report: dict) -> list[str]:
+    """What a T-token pass cost here, the curve `--tree auto` chose by."""
+    curve = report.get("cost_curve")
+    if not curve:
+        return []
+    points = ", ".join(f"T={size} {cost:.2f}" for size, cost in zip(curve["sizes"], curve["costs"]))
+    return [f"a T-token pass here, in one-token steps ({curve['threads']} threads, measured {curve['measured_at']}): "
+            f"{points}; the heads' drafting {curve['draft_cost']:.2f}"]
+
+
 LIBRARY_NAMES = {"draft-model": "assisted generation (assistant_model=, same draft model and length)",
                  "prompt-lookup": "prompt lookup decoding (prompt_lookup_num_tokens=, same lengths)"}
 
@@ -267,11 +303,14 @@ def format_table(report: dict) -> str:
     """The human-readable form of `run_bench`'s report."""
     ar = report["ar"]
     lines = [
-        f"model {report['model']} on {report['device']} ({report['dtype']}), "
+        f"model {report['model']} on {report['device']} ({report['dtype']}, {report['attention']} attention), "
         f"{report['prompts']} prompts x {report['max_new_tokens']} new tokens, "
         f"acceptance {report['acceptance']}",
+        *([report["dtype_reason"]] if report["dtype_reason"] else []),
         f"AR: {ar['tokens_per_second']:.1f} tok/s, {ar['forward_passes']} passes for {ar['tokens']} tokens, "
         f"{ar['seconds_per_round'] * 1e3:.2f} ms a step",
+        *_float32_lines(report),
+        *_curve_lines(report),
         *_library_lines(report),
         "round cost: one round in AR steps, and its two parts: the verify pass, and the rest "
         "(drafting, accepting, bookkeeping); speedup ≈ accepted/pass ÷ round cost",

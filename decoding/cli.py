@@ -35,7 +35,15 @@ def _add_model_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: the embedded model)")
     p.add_argument("--heads", default=None, help="directory or hub id of the heads, if separate")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, mps")
-    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
+    p.add_argument("--dtype", default="auto",
+                   help="auto (a CPU: float32 or bfloat16, whichever measures faster here), float32, bfloat16, float16")
+    p.add_argument("--attention", default="auto", choices=("auto", "gathered", "library"),
+                   help="gathered: every step and verify pass attends over each token's own keys, gathered in "
+                        "order, so greedy Medusa equals plain decoding bit for bit in half precision; library: "
+                        "transformers' SDPA; auto: gathered on a CPU in half precision")
+    p.add_argument("--remeasure-costs", action="store_true",
+                   help="measure what a T-token pass costs on this machine again, instead of reading the cache "
+                        "(--tree auto chooses by it)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice). Use fewer than the cores "
                         "when another job is running: threads fighting over a core are very slow")
@@ -103,7 +111,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     # Plain decoding needs no heads: a model directory without any can still run it.
     mm = load_model(args.model, args.heads, args.device, args.dtype, with_heads=args.method != "ar",
                     pack_linear=not args.no_pack, draft_model=args.draft_model,
-                    with_draft=args.method == "draft-model")
+                    with_draft=args.method == "draft-model", attention=args.attention)
+    _remeasure(args, mm)
     trace = generate(mm, args.prompt, settings)
     if args.json:
         print(trace.to_json())
@@ -119,7 +128,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _remeasure(args: argparse.Namespace, mm) -> None:
+    if args.remeasure_costs:
+        from .cost_curve import model_cost_curve
+
+        model_cost_curve(mm, remeasure=True)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    import torch
+
     from .bench import format_table, run_bench
     from .loading import load_model
     from .prompts import read_prompts
@@ -129,9 +147,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
     settings = _settings(args, trees[0])
     _set_threads(args)
     mm = load_model(args.model, args.heads, args.device, args.dtype, pack_linear=not args.no_pack,
-                    draft_model=args.draft_model, with_draft="draft-model" in args.drafter)
+                    draft_model=args.draft_model, with_draft="draft-model" in args.drafter,
+                    attention=args.attention)
+    _remeasure(args, mm)
+    # The speedup counts against the fastest plain decoding here: float32 too, when Medusa runs in
+    # another dtype (on a CPU bfloat16 is not always the faster one-token step).
+    float32 = None
+    if mm.dtype != torch.float32 and mm.device.type == "cpu":
+        float32 = load_model(args.model, args.heads, args.device, "float32", self_test=False, with_heads=False,
+                             pack_linear=not args.no_pack, with_draft=False, attention="library")
     report = run_bench(mm, prompts, settings, trees, progress=not args.json,
-                       compare_transformers=args.compare_transformers, drafters=args.drafter)
+                       compare_transformers=args.compare_transformers, drafters=args.drafter,
+                       float32_model=float32)
     print(json.dumps(report, indent=2) if args.json else format_table(report))
     return 0
 
@@ -187,8 +214,8 @@ def _fetch_arguments(p: argparse.ArgumentParser) -> None:
 
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
-    "generate": ("decode one prompt, Medusa or plain", _generate_arguments),
-    "bench": ("AR vs Medusa speed, side by side in one run", _bench_arguments),
+    "generate": ("decode one prompt, with a drafter or plainly", _generate_arguments),
+    "bench": ("plain decoding vs each drafter, side by side in one run", _bench_arguments),
     "train-base": ("train the small base LM from scratch (offline, CPU)", _training("train-base")),
     "train-heads": ("train Medusa heads for any causal LM", _training("train-heads")),
     "self-distill": ("record a chat model's own answers for train-heads --recorded", _training("self-distill")),

@@ -120,6 +120,7 @@ def _new_trace(mm: MedusaModel, prompt: str, prompt_ids: list[int], settings: De
         model=mm.name, device=str(mm.device), dtype=str(mm.dtype).removeprefix("torch."),
         settings=run_settings, prompt=prompt, prompt_tokens=prompt_ids,
         tree=None if drafter is None else drafter.tree.to_trace(), detailed=settings.detailed_trace,
+        dtype_reason=mm.dtype_reason, cost_curve=mm.cost_curve,
     )
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from .attention import GATHERED
 from .checkpoints import find_heads, is_v01_directory, v01_base_model
 from .errors import DecodingError
 from .fetch import WHEEL_MODELS, fetched_dir, is_fetched
@@ -22,6 +23,7 @@ from .heads import CONFIG_NAME as OWN_HEADS_CONFIG
 from .kv_cache import attention_layer_types
 from .model import MedusaModel, stop_token_ids
 from .packed_linear import pack_linear_layers
+from .precision import choose_cpu_dtype
 from .registry import MODEL_REGISTRY
 from .selftest import check_tree_attention
 from .tree import TREE_PRESETS
@@ -42,19 +44,45 @@ def resolve_device(device: str = "auto") -> torch.device:
     return torch.device("cpu")
 
 
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """fp32 on CPU (bf16 matmuls are slow there); bf16 on GPUs that have it, else fp16."""
+DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+               "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype | None:
+    """The dtype asked for; for "auto", bf16 on GPUs that have it (else fp16), and None on a CPU,
+    where it is measured once the model is loaded (see precision.py)."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPE_NAMES.values():
+            raise DecodingError(f"unsupported dtype {dtype}; use one of float32, bfloat16, float16")
+        return dtype
     if dtype != "auto":
-        named = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-                 "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-        if dtype not in named:
-            raise DecodingError(f"unknown dtype {dtype!r}; use one of {sorted(named)}")
-        return named[dtype]
+        if dtype not in DTYPE_NAMES:
+            raise DecodingError(f"unknown dtype {dtype!r}; use auto or one of {sorted(DTYPE_NAMES)}")
+        return DTYPE_NAMES[dtype]
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     if device.type == "mps":
         return torch.float16
-    return torch.float32
+    return None
+
+
+ATTENTION_CHOICES = ("auto", "gathered", "library")
+
+
+def resolve_attention(attention: str, device: torch.device, dtype: torch.dtype) -> str | None:
+    """The attention every pass runs: gathered (exact, see attention.py), or None for the one the
+    library chose for the model (SDPA where the model supports it).
+
+    auto: gathered on a CPU in half precision, where it is what keeps greedy Medusa identical to
+    plain decoding; the library's elsewhere. In float32 the two agree to the last bits that matter,
+    and on a GPU the matrix kernels themselves change with the row count, so gathering the keys
+    would not buy identity there (scripts/gpu_check.py measures how often outputs part).
+    """
+    if attention not in ATTENTION_CHOICES:
+        raise DecodingError(f"attention must be one of {ATTENTION_CHOICES}, not {attention!r}")
+    if attention == "auto":
+        attention = "gathered" if device.type == "cpu" and dtype != torch.float32 else "library"
+    return GATHERED if attention == "gathered" else None
 
 
 def _loadable(directory: Path) -> bool:
@@ -167,7 +195,8 @@ def _context_length(config) -> int:
     return int(length or 2048)
 
 
-def _load_base(source: str | Path, device: torch.device, dtype: torch.dtype) -> PreTrainedModel:
+def _load_base(source: str | Path, device: torch.device, dtype: torch.dtype | None) -> PreTrainedModel:
+    """The base model in `dtype`; None loads float32, for `choose_cpu_dtype` to decide."""
     try:
         config = AutoConfig.from_pretrained(source)
     except Exception as e:
@@ -182,7 +211,7 @@ def _load_base(source: str | Path, device: torch.device, dtype: torch.dtype) -> 
     attention_layer_types(config)  # refuses recurrent layers (Mamba...) before loading any weights
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=dtype, device_map=str(device) if device.type == "cuda" else None
+            source, dtype=dtype or torch.float32, device_map=str(device) if device.type == "cuda" else None
         )
     except Exception as e:
         raise DecodingError(f"could not load {source!s} as a causal LM: {e}") from e
@@ -225,6 +254,17 @@ def load_draft_model(base: MedusaModel, source: str | Path, pack_linear: bool = 
         eos_token_ids=base.eos_token_ids)
 
 
+def _accuracy_table(meta: dict) -> list[list[float]] | None:
+    """The heads' measured accuracy per rank (`acc[head][rank]`), if saved and well formed."""
+    table = meta.get("accuracy")
+    rows_ok = isinstance(table, list) and table and all(isinstance(row, list) and row for row in table)
+    if not rows_ok or len({len(row) for row in table}) != 1:
+        return None
+    if not all(isinstance(a, int | float) and 0.0 <= a <= 1.0 for row in table for a in row):
+        return None
+    return [[float(a) for a in row] for row in table]
+
+
 def load_model(
     name_or_path: str | None = None,
     heads: str | None = None,
@@ -235,6 +275,7 @@ def load_model(
     pack_linear: bool = True,
     draft_model: str | None = None,
     with_draft: bool = True,
+    attention: str = "auto",
 ) -> MedusaModel:
     """Load a model and its heads by embedded name, registry name, local directory or hub id.
 
@@ -245,12 +286,21 @@ def load_model(
     CPU's matrix library where that works (see `packed_linear.py`): plain decoding and Medusa
     alike then run on the fastest path there is. With `with_draft`, the draft model named by
     `draft_model`, or else the one shipped or registered with the model if any, is loaded too
-    (`MedusaModel.draft`), for the draft-model drafter.
+    (`MedusaModel.draft`), for the draft-model drafter. `dtype` "auto" measures on a CPU whether
+    float32 or bfloat16 is faster here (`precision.py`); `attention` "auto" picks the exact
+    gathered attention where half precision needs it (`resolve_attention`).
     """
     sources = _resolve(name_or_path, heads)
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     model = _load_base(sources.model, torch_device, torch_dtype)
+    dtype_reason = ""
+    if torch_dtype is None:
+        torch_dtype, dtype_reason = choose_cpu_dtype(model)
+        model.to(torch_dtype)
+    implementation = resolve_attention(attention, torch_device, torch_dtype)
+    if implementation is not None:
+        model.set_attn_implementation(implementation)
     medusa_heads, meta = find_heads(sources.heads, model) if with_heads else (None, {})
     if medusa_heads is not None:
         medusa_heads = medusa_heads.to(device=torch_device, dtype=torch_dtype).eval().requires_grad_(False)
@@ -271,6 +321,8 @@ def load_model(
         trees=trees,
         default_tree=default_tree,
         eos_token_ids=stop_token_ids(model.generation_config),
+        dtype_reason=dtype_reason,
+        head_accuracy=_accuracy_table(meta),
         prompt_template=sources.prompt_template,
         use_chat_template=sources.prompt_template == "{prompt}" and bool(getattr(tokenizer, "chat_template", None)),
     )

@@ -15,8 +15,10 @@ import torch
 from torch import nn
 from transformers import GenerationConfig, PreTrainedModel
 
+from .attention import GATHERED
 from .heads import MedusaHeads, TransposedLinear
 from .kv_cache import attention_layer_types
+from .trace import CostCurve
 
 
 @dataclass
@@ -39,6 +41,13 @@ class MedusaModel:
     # A smaller model over the same tokenizer, for the draft-model drafter (itself a MedusaModel
     # without heads); None when there is none.
     draft: MedusaModel | None = None
+    # Why the model runs in `dtype` here, in a sentence; empty when the user named the dtype.
+    dtype_reason: str = ""
+    # acc[h][r]: how often head h+1's rank-r guess was right on held-out text, when the heads
+    # were saved with it; `--tree auto` grows its trees from it (see tree_choice.py).
+    head_accuracy: list[list[float]] | None = None
+    # What a T-token pass costs here, once measured (see cost_curve.py).
+    cost_curve: CostCurve | None = None
     _token_texts: dict[int, str] = field(default_factory=dict, repr=False)
 
     def __setattr__(self, name: str, value: object) -> None:
@@ -66,6 +75,11 @@ class MedusaModel:
         if self.device.type == "cpu" and isinstance(lm_head, nn.Linear):
             return TransposedLinear(lm_head)
         return lm_head
+
+    @property
+    def gathered_attention(self) -> bool:
+        """Whether every step and verify pass runs through `attention.gathered_attention`."""
+        return self.model.config._attn_implementation == GATHERED
 
     @cached_property
     def forward_parameters(self) -> frozenset[str]:

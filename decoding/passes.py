@@ -148,9 +148,11 @@ def verify_tree(
     mm: MedusaModel, tree: Tree, node_tokens: torch.Tensor, cache: DynamicCache, want_hidden: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One forward pass over all T tree nodes: logits (T, V) and, if wanted, hidden states (T, H)."""
-    if tree.is_chain:
+    if tree.size == 1 or (tree.is_chain and not mm.gathered_attention):
         # A chain's tree mask is the ordinary causal mask and its positions the ordinary ones:
         # the library builds those itself, on its fastest path (and a lone root is a plain step).
+        # Gathered attention needs the mask spelled out: a pass of several tokens without one
+        # is how it recognises the prefill (see attention.py).
         return run_model(mm, node_tokens, cache, want_hidden=want_hidden)
     mask, positions = tree_inputs(mm, tree, cache)
     return run_model(mm, node_tokens, cache, mask, positions, want_hidden=want_hidden)

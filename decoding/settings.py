@@ -27,9 +27,10 @@ class DecodeSettings:
     epsilon: float = 0.09  # typical acceptance: hard probability threshold
     delta: float = 0.3  # typical acceptance: entropy-scaled threshold
     seed: int | None = None
-    # A preset name (see TREE_PRESETS, or one shipped with the heads), "default" for the
-    # model's own default, or a Medusa choices list such as [[0], [0, 0], [1]].
-    tree: str | list[list[int]] = "default"
+    # "auto" for the tree that is fastest on this machine (see tree_choice.py), a preset name
+    # (see TREE_PRESETS, or one shipped with the heads), "default" for the one shipped with the
+    # heads, or a Medusa choices list such as [[0], [0, 0], [1]].
+    tree: str | list[list[int]] = "auto"
     num_heads: int | None = None  # use only the first n heads (cuts the tree to depth n)
     draft_tokens: int = 4  # draft-model: tokens the draft model writes ahead each round
     draft_top_k: int = 1  # draft-model: guesses per step in the tree (the greedy one, and runners-up as leaves)

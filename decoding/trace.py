@@ -82,6 +82,8 @@ class CostCurve:
     threads: int
     past: int  # cached tokens before each timed pass
     measured_at: str  # ISO 8601, when the measurement was taken (it may come from the cache)
+    # What the Medusa heads' guessing costs per round, in one-token steps (0 without heads).
+    draft_cost: float = 0.0
 
     def cost(self, size: int) -> float:
         """The cost of a `size`-token pass, linearly interpolated between measured sizes."""

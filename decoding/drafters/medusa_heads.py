@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import torch
 
+from ..cost_curve import model_cost_curve
 from ..errors import DecodingError
 from ..model import MedusaModel
 from ..passes import draft
 from ..settings import DecodeSettings
 from ..trace import DrafterInfo
 from ..tree import Tree
+from ..tree_choice import AUTO_TREE, choose_tree
 from .base import Drafter, Proposal, root_only
 
 
@@ -26,6 +28,8 @@ def resolve_tree(mm: MedusaModel, settings: DecodeSettings) -> Tree:
     if num_heads > mm.num_heads:
         raise DecodingError(f"{mm.name} has {mm.num_heads} heads; cannot use {num_heads}")
     spec = mm.default_tree if settings.tree == "default" else settings.tree
+    if spec == AUTO_TREE:
+        return auto_tree(mm, num_heads)
     if isinstance(spec, str):
         if spec not in mm.trees:
             raise DecodingError(f"unknown tree {spec!r}; known trees: {', '.join(mm.trees)}")
@@ -36,6 +40,17 @@ def resolve_tree(mm: MedusaModel, settings: DecodeSettings) -> Tree:
     if tree.top_k > vocab:
         raise DecodingError(f"the tree reads rank {tree.top_k - 1} but the vocabulary has {vocab} tokens")
     return tree
+
+
+def auto_tree(mm: MedusaModel, num_heads: int) -> Tree:
+    """The tree that is fastest here by the heads' accuracies and this machine's cost curve.
+
+    Heads saved without an accuracy table (published checkpoints) keep their default tree.
+    """
+    if mm.head_accuracy is None:
+        return Tree.pruned(mm.trees[mm.default_tree], num_heads, mm.default_tree)
+    choice = choose_tree(mm.head_accuracy[:num_heads], model_cost_curve(mm))
+    return Tree.from_choices(choice.choices, num_heads, name=choice.name)
 
 
 class MedusaHeadsDrafter(Drafter):

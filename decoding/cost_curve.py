@@ -1,0 +1,171 @@
+"""What a pass over T tokens costs on this machine, measured on the loaded model, and cached.
+
+Medusa's bet is that a forward pass is bound by reading the weights, so checking T guesses costs
+about one pass. Whether that holds depends on the hardware: on a GPU, or a CPU with bfloat16
+matrix units, a 16-token pass costs 1.1-1.2 one-token steps; on a CPU doing float32 it may cost
+1.4-2. The best tree is the one whose expected tokens per pass, divided by what its pass costs
+*here*, is largest (Sequoia's hardware-aware choice, Chen et al. 2024; see `tree_choice.py`).
+
+So we time it: after the same cached prefix, a pass over each tree size T, interleaved round by
+round so a busy machine slows every size alike, and the median of each over the median one-token
+step. The trees timed are prefixes of the paper's 63-node tree, so the pass runs exactly the code
+a verify pass runs (mask, positions, the chosen attention). The Medusa heads' drafting is timed
+too, as one more cost per round. It takes a second or two on SmolLM2, and is cached per machine,
+model, dtype, attention and thread count, so a later load reads it back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import platform
+import statistics
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+
+from .fetch import cache_root
+from .kv_cache import compact_cache, new_cache
+from .model import MedusaModel
+from .passes import decode_one_token, draft, run_model, verify_tree
+from .trace import CostCurve
+from .training.checkpoint import write_atomically
+from .tree import MC_SIM_7B_63, Tree
+
+CURVE_SIZES = (1, 2, 4, 8, 16, 32, 64)
+PAST = 128  # cached tokens before each timed pass: a prompt and the start of an answer
+REPEATS = 3
+CACHE_SUBDIR = "cost_curves"
+
+
+def _curve_tree(size: int) -> Tree:
+    """A `size`-node tree (root included): the first size - 1 paths of the paper's tree. Its
+    paths are sorted by length, so every prefix of the list is itself a tree."""
+    return Tree.from_choices(MC_SIM_7B_63[: size - 1], num_heads=4, name=f"curve-{size}")
+
+
+def _time(device: torch.device, run) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    run()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+@torch.inference_mode()
+def measure_cost_curve(mm: MedusaModel, sizes: tuple[int, ...] = CURVE_SIZES, past: int = PAST,
+                       repeats: int = REPEATS) -> CostCurve:
+    """Time a T-token verify pass for each T in `sizes` (1 is the plain step) after `past` tokens."""
+    sizes = tuple(sorted({1, *(s for s in sizes if 1 <= s <= len(MC_SIM_7B_63) + 1)}))
+    past = max(1, min(past, mm.context_length - max(sizes) - 1))
+    generator = torch.Generator().manual_seed(0)
+    vocab = mm.model.get_output_embeddings().weight.shape[0]
+    prefix = torch.randint(0, vocab, (past,), generator=generator).tolist()
+    tokens = torch.randint(0, vocab, (max(sizes),), generator=generator).to(mm.device)
+    cache = new_cache(mm.model.config, for_trees=True)
+    _, hidden = run_model(mm, prefix, cache, last_only=True, want_hidden=mm.heads is not None)
+    trees = {size: _curve_tree(size) for size in sizes if size > 1}
+
+    def one_pass(size: int) -> float:
+        if size == 1:
+            seconds = _time(mm.device, lambda: decode_one_token(mm, int(tokens[0]), cache))
+        else:
+            seconds = _time(mm.device, lambda: verify_tree(mm, trees[size], tokens[:size], cache, want_hidden=False))
+        compact_cache(cache, past, [])  # drop the pass's rows: every pass sees the same prefix
+        return seconds
+
+    for size in sizes:  # warm-up: first calls allocate and pick kernels
+        one_pass(size)
+    seconds: dict[int, list[float]] = {size: [] for size in sizes}
+    for repeat in range(repeats):
+        order = sizes[repeat % len(sizes):] + sizes[: repeat % len(sizes)]
+        for size in order:
+            seconds[size].append(one_pass(size))
+    step = statistics.median(seconds[1])
+    return CostCurve(
+        sizes=list(sizes), costs=[round(statistics.median(seconds[s]) / step, 4) for s in sizes],
+        step_seconds=step, device=str(mm.device), dtype=str(mm.dtype).removeprefix("torch."),
+        threads=torch.get_num_threads(), past=past,
+        measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        draft_cost=round(_draft_seconds(mm, hidden[-1] if hidden is not None else None, repeats) / step, 4),
+    )
+
+
+def _draft_seconds(mm: MedusaModel, hidden: torch.Tensor | None, repeats: int) -> float:
+    """The median time the heads take to guess for the paper's tree: Medusa's drafting per round."""
+    if mm.heads is None or hidden is None:
+        return 0.0
+    tree = Tree.pruned(MC_SIM_7B_63, mm.num_heads, "curve-draft")
+    draft(mm, hidden, tree, root=0, with_probs=False)
+    return statistics.median(_time(mm.device, lambda: draft(mm, hidden, tree, root=0, with_probs=False))
+                             for _ in range(repeats))
+
+
+# ----- the cache ------------------------------------------------------------------------------------
+def _processor() -> str:
+    """The processor's model name: a curve measured on one machine says nothing of another."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def curve_key(mm: MedusaModel) -> str:
+    """What a cached curve must match to be reused: machine, model, arithmetic and threads."""
+    identity = {
+        "processor": _processor(), "device": str(mm.device), "threads": torch.get_num_threads(),
+        "torch": torch.__version__, "model": mm.name,
+        "parameters": sum(p.numel() for p in mm.model.parameters()),
+        "dtype": str(mm.dtype), "attention": mm.model.config._attn_implementation,
+        "heads": mm.num_heads, "sizes": list(CURVE_SIZES), "past": PAST,
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def _cacheable(mm: MedusaModel) -> bool:
+    """Models known by name (embedded, fetched, registry, hub id). A model loaded from a folder
+    path may change under the same path, and tests load hundreds from temporary folders."""
+    return not Path(mm.name).is_absolute() and not mm.name.startswith(".")
+
+
+def _well_formed(curve: CostCurve) -> bool:
+    numbers = [*curve.costs, curve.step_seconds, curve.draft_cost]
+    return (len(curve.sizes) == len(curve.costs) >= 2 and curve.sizes[0] == 1
+            and all(isinstance(s, int) for s in curve.sizes) and curve.sizes == sorted(curve.sizes)
+            and all(isinstance(x, int | float) and x >= 0 for x in numbers))
+
+
+def cached_cost_curve(mm: MedusaModel, remeasure: bool = False) -> CostCurve:
+    """The model's cost curve from the cache if this machine measured it before, else measured now.
+
+    A cache file that is unreadable or not a curve is ignored and measured again.
+    """
+    path = cache_root() / CACHE_SUBDIR / f"{curve_key(mm)}.json"
+    if not remeasure and _cacheable(mm) and path.is_file():
+        try:
+            cached = CostCurve(**json.loads(path.read_text(encoding="utf-8")))
+            if _well_formed(cached):
+                return cached
+        except (OSError, ValueError, TypeError):
+            pass
+    curve = measure_cost_curve(mm)
+    if _cacheable(mm):
+        text = json.dumps(dataclasses.asdict(curve), indent=1)
+        write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    return curve
+
+
+def model_cost_curve(mm: MedusaModel, remeasure: bool = False) -> CostCurve:
+    """The loaded model's cost curve, measured (or read from the cache) on first use and kept."""
+    if mm.cost_curve is None or remeasure:
+        mm.cost_curve = cached_cost_curve(mm, remeasure)
+    return mm.cost_curve
