@@ -1,0 +1,165 @@
+"""What is chosen by measuring this machine: the dtype, the cost curve (and its cache), the tree."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from decoding import DecodeSettings, generate, load_model
+from decoding import cost_curve as cost_curve_module
+from decoding import precision
+from decoding.cost_curve import cached_cost_curve, curve_key, measure_cost_curve, model_cost_curve
+from decoding.errors import DecodingError
+from decoding.loading import resolve_attention, resolve_dtype
+from decoding.trace import CostCurve
+from decoding.tree_choice import choose_tree
+from decoding.tree_choice import optimal_choices as grown
+
+FLAT = CostCurve(sizes=[1, 2, 4, 8, 16, 32, 64], costs=[1.0, 1.0, 1.01, 1.02, 1.05, 1.1, 1.2], step_seconds=0.05,
+                 device="cpu", dtype="bfloat16", threads=2, past=128, measured_at="2026-12-01T00:00:00+00:00")
+STEEP = replace(FLAT, costs=[1.0, 1.3, 1.65, 1.8, 2.4, 3.3, 5.6])
+
+
+# ----- the tree, by a worked example -------------------------------------------------------------
+# Two heads, two ranks. Nodes by expected acceptance (product of accuracies along the path):
+#   [0] 0.6, [1] 0.2, [0,0] 0.6*0.5 = 0.30, [0,1] 0.6*0.1 = 0.06, [1,0] 0.2*0.5 = 0.10, [1,1] 0.02
+ACCURACY = [[0.6, 0.2], [0.5, 0.1]]
+
+
+def test_auto_picks_by_tokens_per_pass_over_the_rounds_cost():
+    # c(T): 1 node 1.0 (+ root: T=2) ... the costs below make the sums easy to check by hand.
+    curve = CostCurve(sizes=[1, 2, 3, 4, 5], costs=[1.0, 1.1, 1.2, 1.5, 2.0], step_seconds=0.1,
+                      device="cpu", dtype="float32", threads=1, past=16, measured_at="x", draft_cost=0.1)
+    # n=1: [0]            1.6  / (1.1 + 0.1) = 1.333
+    # n=2: + [0,0]        1.9  / (1.2 + 0.1) = 1.462   <- best
+    # n=3: + [1]          2.1  / (1.5 + 0.1) = 1.3125
+    # n=4: + [1,0]        2.2  / (2.0 + 0.1) = 1.048
+    choice = choose_tree(ACCURACY, curve)
+    assert choice.nodes == 2 and choice.choices == [[0], [0, 0]]
+    assert choice.expected_tokens == pytest.approx(1.9)
+    assert choice.pass_cost == pytest.approx(1.2) and choice.draft_cost == pytest.approx(0.1)
+    assert choice.estimated_speedup == pytest.approx(1.9 / 1.3)
+    assert choice.name == "auto: optimal-2"
+
+
+def test_a_flat_curve_buys_a_big_tree_and_a_steep_one_a_small_tree():
+    accuracy = [[0.49, 0.12, 0.06, 0.04], [0.30, 0.10, 0.06, 0.04], [0.20, 0.08, 0.05, 0.04]]
+    big, small = choose_tree(accuracy, FLAT), choose_tree(accuracy, STEEP)
+    assert big.nodes > 3 * small.nodes
+    assert big.choices == grown(accuracy, big.nodes)  # the paper's optimal tree of that size
+
+
+def test_the_curve_interpolates_between_measured_sizes():
+    assert FLAT.cost(1) == 1.0 and FLAT.cost(64) == 1.2 and FLAT.cost(100) == 1.2
+    assert FLAT.cost(24) == pytest.approx(1.05 + (1.1 - 1.05) / 2)
+
+
+# ----- the curve: measured on the model, and cached ---------------------------------------------
+def test_the_curve_is_measured_on_the_loaded_model(tiny_llama):
+    curve = measure_cost_curve(tiny_llama, sizes=(1, 4, 16), repeats=2)
+    assert curve.sizes == [1, 4, 16] and curve.costs[0] == 1.0
+    assert all(cost > 0 for cost in curve.costs) and curve.step_seconds > 0 and curve.draft_cost > 0
+    assert curve.dtype == "float32" and curve.threads == torch.get_num_threads()
+    trace = generate(tiny_llama, "It is", DecodeSettings(method="ar", max_new_tokens=4))
+    assert len(trace.tokens) == 4
+
+
+@pytest.fixture
+def named(tiny_llama, monkeypatch, tmp_path):
+    """The tiny model under a name (so its curve is cached) and a fresh cache folder."""
+    monkeypatch.setenv("MEDUSA_PLAYGROUND_CACHE", str(tmp_path))
+    calls = []
+
+    def fake_measure(mm):
+        calls.append(mm.name)
+        return replace(STEEP, measured_at=f"call {len(calls)}")
+
+    monkeypatch.setattr(cost_curve_module, "measure_cost_curve", fake_measure)
+    mm = replace(tiny_llama, name="tiny-named", cost_curve=None)
+    return mm, calls, tmp_path / "cost_curves" / f"{curve_key(mm)}.json"
+
+
+def test_a_measured_curve_is_written_and_read_back(named):
+    mm, calls, path = named
+    first = cached_cost_curve(mm)
+    assert path.is_file() and not path.with_name(path.name + ".tmp").exists()  # renamed into place
+    assert CostCurve(**json.loads(path.read_text())) == first
+    assert cached_cost_curve(mm) == first and calls == ["tiny-named"]  # read back, not measured
+    assert cached_cost_curve(mm, remeasure=True).measured_at == "call 2"
+
+
+@pytest.mark.parametrize("garbage", ["{not json", '{"sizes": [1]}', json.dumps({**STEEP.__dict__, "costs": ["x"] * 7})])
+def test_a_corrupt_cache_file_is_ignored_and_measured_again(named, garbage):
+    mm, calls, path = named
+    path.parent.mkdir(parents=True)
+    path.write_text(garbage)
+    assert cached_cost_curve(mm).measured_at == "call 1"
+    assert CostCurve(**json.loads(path.read_text())).measured_at == "call 1"
+
+
+def test_the_cache_key_changes_with_what_changes_the_costs(named):
+    mm, _, _ = named
+    assert curve_key(mm) == curve_key(replace(mm))
+    assert curve_key(mm) != curve_key(replace(mm, name="other"))
+    assert curve_key(mm) != curve_key(replace(mm, dtype=torch.bfloat16))
+
+
+def test_models_loaded_from_a_path_are_measured_not_cached(tiny_llama, monkeypatch, tmp_path):
+    monkeypatch.setenv("MEDUSA_PLAYGROUND_CACHE", str(tmp_path))
+    monkeypatch.setattr(cost_curve_module, "measure_cost_curve", lambda mm: STEEP)
+    model_cost_curve(replace(tiny_llama, cost_curve=None))
+    assert not (tmp_path / "cost_curves").exists()
+
+
+def test_auto_tree_runs_on_measured_heads_and_falls_back_without_them(tiny_llama, monkeypatch):
+    monkeypatch.setattr(cost_curve_module, "measure_cost_curve", lambda mm: FLAT)
+    with_table = replace(tiny_llama, head_accuracy=[[0.5, 0.2, 0.1]] * 4, cost_curve=None)
+    trace = generate(with_table, "It is", DecodeSettings(max_new_tokens=8))
+    assert trace.settings.tree.startswith("auto: optimal-") and trace.cost_curve == FLAT
+    without = replace(tiny_llama, head_accuracy=None, cost_curve=None)
+    assert generate(without, "It is", DecodeSettings(max_new_tokens=8)).settings.tree == tiny_llama.default_tree
+
+
+# ----- the dtype --------------------------------------------------------------------------------
+def _stub_ratio(monkeypatch, ratio: float) -> None:
+    monkeypatch.setattr(precision, "MIN_TIMED_BYTES", 0)
+    monkeypatch.setattr(precision, "bfloat16_time_ratio", lambda weights: ratio)
+
+
+@pytest.mark.parametrize(("ratio", "dtype", "words"), [(0.5, torch.bfloat16, "matrix units"),
+                                                        (2.8, torch.float32, "no fast bfloat16")])
+def test_auto_dtype_follows_the_measurement(tiny_dirs, monkeypatch, ratio, dtype, words):
+    _stub_ratio(monkeypatch, ratio)
+    mm = load_model(str(tiny_dirs["llama"]), with_draft=False)
+    assert mm.dtype == dtype and next(mm.heads.parameters()).dtype == dtype
+    assert words in mm.dtype_reason and f"{ratio:.2f}x" in mm.dtype_reason
+    assert mm.gathered_attention == (dtype == torch.bfloat16)  # exact attention where it is needed
+    trace = generate(mm, "It is", DecodeSettings(max_new_tokens=6, tree="cpu-12"))
+    assert trace.dtype == str(dtype).removeprefix("torch.") and trace.dtype_reason == mm.dtype_reason
+
+
+@pytest.mark.parametrize("asked", ["float32", "bfloat16", torch.float32, torch.bfloat16])
+def test_a_dtype_asked_for_is_not_measured(tiny_dirs, monkeypatch, asked):
+    monkeypatch.setattr(precision, "bfloat16_time_ratio", lambda weights: pytest.fail("measured"))
+    mm = load_model(str(tiny_dirs["llama"]), dtype=asked, with_draft=False)
+    assert str(mm.dtype).removeprefix("torch.") == str(asked).removeprefix("torch.") and mm.dtype_reason == ""
+
+
+def test_a_model_that_fits_the_caches_stays_float32_without_timing(tiny_llama, monkeypatch):
+    monkeypatch.setattr(precision, "bfloat16_time_ratio", lambda weights: pytest.fail("measured"))
+    dtype, reason = precision.choose_cpu_dtype(tiny_llama.model)
+    assert dtype == torch.float32 and "caches" in reason
+
+
+def test_dtype_and_attention_names_are_checked():
+    cpu = torch.device("cpu")
+    assert resolve_dtype("auto", cpu) is None  # measured after loading
+    with pytest.raises(DecodingError, match="unknown dtype"):
+        resolve_dtype("float8", cpu)
+    with pytest.raises(DecodingError, match="attention must be one of"):
+        resolve_attention("flash", cpu, torch.float32)
+    assert resolve_attention("auto", cpu, torch.float32) is None
+    assert resolve_attention("auto", torch.device("cuda"), torch.bfloat16) is None
