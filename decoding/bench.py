@@ -328,15 +328,16 @@ def format_table(report: dict) -> str:
             f"{row['trace_overhead']:>11.1%}{same:>11}"
         )
     if any(row["identical"] is False for row in report["lanes"]):
-        lines += ["", differing_output_note(report["dtype"])]
+        lines += ["", differing_output_note(report["dtype"], report["attention"], report["device"])]
     return "\n".join(lines)
 
 
-def differing_output_note(dtype: str) -> str:
+def differing_output_note(dtype: str, attention: str, device: str) -> str:
     """Why greedy Medusa may not equal plain decoding, for a table that shows it did not."""
-    if dtype == "float32":
-        return ("NO in float32 means Medusa's greedy output differed from plain decoding's: "
-                "that is a bug, please report the prompt.")
-    return (f"NO in {dtype}: a verify pass over many tokens rounds differently from a one-token "
-            "step, so where the two best tokens nearly tie the choice can flip. The tree logic is "
-            "the same; check losslessness with --dtype float32.")
+    if dtype == "float32" or (attention == "gathered" and device == "cpu"):
+        return (f"NO in {dtype} with {attention} attention means greedy output differed from plain "
+                "decoding's: that is a bug, please report the prompt.")
+    return (f"NO in {dtype} with the {attention} attention: a verify pass over many tokens rounds "
+            "differently from a one-token step, so where the two best tokens nearly tie the choice can "
+            "flip. The tree logic is the same; on a CPU --attention gathered makes every pass round "
+            "alike, and --dtype float32 checks losslessness anywhere.")

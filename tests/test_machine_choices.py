@@ -8,9 +8,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from decoding import DecodeSettings, generate, load_model
+from decoding import DecodeSettings, generate, load_model, precision
 from decoding import cost_curve as cost_curve_module
-from decoding import precision
 from decoding.cost_curve import cached_cost_curve, curve_key, measure_cost_curve, model_cost_curve
 from decoding.errors import DecodingError
 from decoding.loading import resolve_attention, resolve_dtype

@@ -53,6 +53,17 @@ def auto_tree(mm: MedusaModel, num_heads: int) -> Tree:
     return Tree.from_choices(choice.choices, num_heads, name=choice.name)
 
 
+def adopt_auto_tree(mm: MedusaModel) -> str:
+    """Measure this machine's costs now (or read them back), and make the auto tree one of the
+    model's named trees and its default: for a page that lists trees by name. Returns the name."""
+    if mm.heads is None or mm.head_accuracy is None:
+        return mm.default_tree
+    tree = auto_tree(mm, mm.num_heads)
+    mm.trees[tree.name] = [list(path) for path in tree.paths]
+    mm.default_tree = tree.name
+    return tree.name
+
+
 class MedusaHeadsDrafter(Drafter):
     name = "medusa"
     reads_hidden = True
