@@ -34,13 +34,11 @@ from . import charts, lanes, race_views, views
 from .figure_style import Look
 from .inputs import (
     RunRequest,
-    check_method,
+    api_request,
     decode_settings,
     describe_tree,
     format_choices,
-    parse_tree_json,
     race_lanes,
-    whole,
 )
 from .models import ModelCache, offered_models, require_offered
 from .race import RaceResult, race
@@ -376,19 +374,16 @@ def trace_api(prompt: str, max_new_tokens: int = DecodeSettings.max_new_tokens, 
     (plain decoding); `draft_tokens` is the draft model's tokens a round, `lookup_tokens` the most
     tokens prompt lookup copies. `tree` is a preset name, "default", or a choices list as JSON
     (Medusa only); `num_heads` 0 uses all heads; `model` "" uses the page's default model, and any
-    other value must be a model the page offers; `seed` -1 draws a fresh one.
+    other value must be a model the page offers; `seed` -1 draws a fresh one. The page's limits
+    (decoding.limits) apply, as they do to a visitor's Run.
     """
     try:
         mm = cache.get(require_offered(model or offered_models()[0]))
-        method = check_method(mm, method, plain=True)
-        medusa = method == "medusa"
-        spec = tree if not medusa or tree == "default" or tree in mm.trees else parse_tree_json(tree)
-        settings = DecodeSettings(method=method, max_new_tokens=whole(max_new_tokens, "max_new_tokens"),
-                                  acceptance=acceptance, temperature=float(temperature), tree=spec,
-                                  num_heads=(int(num_heads) or None) if medusa else None,
-                                  seed=None if seed < 0 else int(seed),
-                                  draft_tokens=whole(draft_tokens, "draft_tokens"),
-                                  lookup_tokens=whole(lookup_tokens, "lookup_tokens"))
-        return generate(mm, prompt, settings).to_dict()
+        if isinstance(tree, str) and not tree.lstrip().startswith("[") and tree not in ("default", *mm.trees):
+            raise DecodingError(f"unknown tree {tree!r}; known trees: {', '.join(mm.trees)}")
+        request = api_request(prompt, mm.name, tree, max_new_tokens=max_new_tokens, acceptance=acceptance,
+                              temperature=temperature, seed=int(seed), num_heads=num_heads, method=method,
+                              draft_tokens=draft_tokens, lookup_tokens=lookup_tokens)
+        return generate(mm, prompt, decode_settings(mm, request)).to_dict()
     except DecodingError as e:
         raise refusal(e) from e

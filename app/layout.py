@@ -6,8 +6,9 @@ or Race scrolls them to the top. The settings live in a sidebar that starts clos
 screens and in projector mode.
 
 Every event that runs the model shares one concurrency id (`MODEL_QUEUE`, limit 1): visitors
-queue for the model and none is dropped. Only `/trace` is a public API endpoint; every other
-event is private (`api_visibility="private"`), so the API page lists what the README documents.
+queue for the model, up to `PAGE_LIMITS.queue_size` waiting (see decoding.limits). Only
+`/trace` is a public API endpoint; every other event is private (`api_visibility="private"`),
+so the API page lists what the README documents.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import gradio as gr
 
 from decoding import available_drafters
+from decoding.limits import PAGE_LIMITS
 from decoding.model import MedusaModel
 from decoding.prompts import example_prompts
 from decoding.settings import DecodeSettings
@@ -188,7 +190,9 @@ def build_demo() -> gr.Blocks:
                          [page.tree_plot, page.mask_plot, page.race_plot, *page.stats_plots], **PRIVATE)
         gr.api(gpu(handlers.trace_api), api_name="trace", concurrency_id=MODEL_QUEUE, concurrency_limit=1)
     # Redrawing events may run side by side; model work has its own queue of one (MODEL_QUEUE).
-    return demo.queue(default_concurrency_limit=8)
+    # The queue is bounded: a crowd waits in line (each visitor sees its place), and past
+    # PAGE_LIMITS.queue_size the next visitor is told the page is busy rather than piling up.
+    return demo.queue(default_concurrency_limit=8, max_size=PAGE_LIMITS.queue_size)
 
 
 def _playground_tab() -> dict:

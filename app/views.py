@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 
 from decoding import available_drafters
+from decoding.limits import PAGE_LIMITS
 from decoding.model import MedusaModel
 from decoding.stats import round_cost, round_end_times, verify_cost
 from decoding.trace import RoundTrace, RunTrace
@@ -26,7 +27,8 @@ from .tree_figures import mask_figure, next_token_text, tree_figure
 from .tree_layout import leaf_count
 
 STOP_REASONS = {"max_new_tokens": "reached Max new tokens", "eos": "the model ended its text",
-                "context_limit": "the context is full"}
+                "context_limit": "the context is full",
+                "time_limit": f"reached this page's time limit ({PAGE_LIMITS.run_seconds:.0f} s a run)"}
 
 
 def model_card(model: MedusaModel) -> str:

@@ -6,16 +6,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import time
 
 import pytest
 from gradio_client import Client
 
 from app.handlers import cache, switch_model, write_json
-from app.inputs import RunRequest, decode_settings, format_choices, race_lanes
+from app.inputs import RunRequest, decode_settings, describe_tree, format_choices, race_lanes
 from app.layout import DEFAULT_PROMPTS, build_demo, example_rows, launch_options
 from app.models import ModelCache, describe, offered_models, require_offered
 from app.screenshots import free_port
 from decoding.errors import DecodingError
+from decoding.limits import PAGE_LIMITS
 from decoding.prompts import example_prompts
 from decoding.tiny import make_tiny_model_dir
 from decoding.trace import RunTrace
@@ -27,16 +29,21 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def client(tiny_model_dir):
+def demo(tiny_model_dir):
     with pytest.MonkeyPatch.context() as env:
         env.setenv("MEDUSA_PLAYGROUND_MODEL", tiny_model_dir)
         demo = build_demo()
         demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(),
                     quiet=True, **launch_options())
         try:
-            yield Client(demo.local_url, verbose=False)
+            yield demo
         finally:
             demo.close()
+
+
+@pytest.fixture(scope="module")
+def client(demo):
+    return Client(demo.local_url, verbose=False)
 
 
 def test_only_the_documented_endpoint_is_public(client):
@@ -301,3 +308,56 @@ def test_a_model_that_is_not_fetched_is_named_with_the_command_that_gets_it(monk
 def test_error_toasts_show_a_typed_tag_as_text(client):
     with pytest.raises(Exception, match="&lt;img src=x&gt;"):
         client.predict("It is", 4, "<img src=x>", api_name="/trace")
+
+
+# ----------------------------------------------------------------------------- the server's protection
+
+def ten_thousand_path_tree() -> str:
+    """The tree that took the server down: 10,000 paths, three deep at most."""
+    paths = [[i] for i in range(64)] + [[i, j] for i in range(64) for j in range(64)]
+    paths += [[i, j, k] for i in range(64) for j in range(64) for k in range(2)]
+    return json.dumps(paths[:10_000])
+
+
+def test_a_ten_thousand_node_tree_and_a_long_prompt_are_refused_at_once_and_others_are_served(client):
+    started = time.perf_counter()
+    huge_tree = client.submit("It is", 8, "greedy", ten_thousand_path_tree(), api_name="/trace")
+    long_prompt = client.submit("It is a truth " * 1500, 8, api_name="/trace")
+    other = client.submit("Mr. Darcy", 4, api_name="/trace")
+    with pytest.raises(Exception, match="the tree has 10001 nodes .*at most 128"):
+        huge_tree.result(timeout=60)
+    with pytest.raises(Exception, match="the prompt is 21,000 characters; this page reads at most 4,000"):
+        long_prompt.result(timeout=60)
+    assert len(other.result(timeout=60)["tokens"]) == 4
+    assert time.perf_counter() - started < 30  # generous: refusing takes milliseconds, running them minutes
+    assert len(client.predict("Mr. Bingley", 4, api_name="/trace")["tokens"]) == 4
+
+
+def test_the_trace_endpoint_writes_at_most_the_pages_tokens(client):
+    with pytest.raises(Exception, match="max_new_tokens is 1000; this page writes at most 256"):
+        client.predict("It is", 1000, api_name="/trace")
+
+
+def test_the_page_refuses_a_huge_tree_before_building_it(model, monkeypatch):
+    import decoding.tree
+
+    def never(*args, **kwargs):
+        raise AssertionError("the tree was built")
+
+    monkeypatch.setattr(decoding.tree.Tree, "from_choices", never)
+    status = describe_tree(ten_thousand_path_tree(), model.trees[model.default_tree], model.num_heads, 2)
+    assert status.startswith("⚠ the tree has 10001 nodes")
+    with pytest.raises(DecodingError, match="10001 nodes"):
+        _settings(model, ten_thousand_path_tree(), 2)
+    with pytest.raises(DecodingError, match="this page reads at most 500,000"):
+        _settings(model, " " * 600_000 + "[[0]]", 2)
+
+
+def test_every_page_run_has_the_pages_time_limit(model):
+    assert _settings(model, "", 2).time_limit == PAGE_LIMITS.run_seconds
+    with pytest.raises(DecodingError, match="20,000 characters"):
+        _settings(model, "", 2, prompt="x" * 20_000)
+
+
+def test_the_page_queue_is_bounded(demo):
+    assert demo._queue.max_size == PAGE_LIMITS.queue_size
