@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import re
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from app import race_views, views
 from app.race import RaceFrame
 from app.text import MISSING, PLACEHOLDER, explainer_values, load_steps, load_text, render_steps
+from app.tokens import md_code, visible
 from app_helpers import SMALL_CHOICES, make_ar_run, make_race, make_run
 
 
@@ -89,6 +91,15 @@ def test_tokens_quoted_in_the_explainer_cannot_break_out(run):
     best.emitted_texts = ["`<img src=x>`"] + best.emitted_texts[1:]
     text = render_steps(load_steps(), run, None)[4]
     assert "<img" not in text and "&lt;img" in text
+
+
+@pytest.mark.parametrize("token", ["'s", '"', "<img src=x>", "**b**", "&amp;", "`x`", "# h", "[a](b)"])
+def test_a_quoted_token_reads_as_itself_once_the_browser_decodes_its_entities(token):
+    code = md_code(token)
+    assert code.startswith("<code>") and code.endswith("</code>")
+    inner = code.removeprefix("<code>").removesuffix("</code>")
+    assert html.unescape(inner) == visible(token)  # "'s" once read "&#x27;s" in the round details
+    assert "<" not in inner and "*" not in inner and "`" not in inner
 
 
 # ----------------------------------------------------------------------------- stats and learn
