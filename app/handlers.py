@@ -129,20 +129,6 @@ def _load(name: str) -> MedusaModel:
         raise refusal(e) from e
 
 
-def _settings(model: MedusaModel, request: RunRequest, methods: list[str] | None = None) -> DecodeSettings:
-    try:
-        return decode_settings(model, request, methods)
-    except DecodingError as e:
-        raise refusal(e) from e
-
-
-def _lanes(model: MedusaModel, request: RunRequest) -> list[str]:
-    try:
-        return race_lanes(model, request)
-    except DecodingError as e:
-        raise refusal(e) from e
-
-
 # ----------------------------------------------------------------------------- run
 
 def round_updates(page: Page, trace: RunTrace | None, index: int, look: Look) -> dict:
@@ -156,35 +142,48 @@ def round_updates(page: Page, trace: RunTrace | None, index: int, look: Look) ->
     return {page.slider: slider, page.round_md: view.info, page.tree_plot: view.tree, page.mask_plot: view.mask}
 
 
+def refused(page: Page, error: DecodingError, tab: str) -> dict:
+    """A run or race that cannot go on, said on its tab's status line and in a warning toast.
+    Not a gr.Error: that marks every output panel "Error" and leaves the old status showing."""
+    gr.Warning(toast_text(error))
+    if tab == "race":
+        return {page.tabs: gr.Tabs(selected="race"), page.race_status: views.refusal_text(error, "raced")}
+    return {page.tabs: gr.Tabs(selected="playground"), page.summary: views.refusal_text(error)}
+
+
 def run_drafter(page: Page, values: dict) -> Iterator[dict]:
-    """Stream a run of the chosen drafter into the Playground."""
+    """Stream a run of the chosen drafter into the Playground (or say why it cannot run)."""
+    try:
+        yield from _stream_run(page, values)
+    except DecodingError as e:
+        yield refused(page, e, "playground")
+
+
+def _stream_run(page: Page, values: dict) -> Iterator[dict]:
     pressed = time.perf_counter()
     request, look = page.read(values), page.look(values)
-    model = _load(request.model)
-    settings = _settings(model, request)
+    model = cache.get(require_offered(request.model))
+    settings = decode_settings(model, request)
     yield {page.tabs: gr.Tabs(selected="playground"), page.summary: "Starting the run…"}
     first_round_after = None
     last_text = last_figures = 0.0
-    try:
-        for trace in stream(model, request.prompt, settings):
-            now = time.perf_counter()
-            update = {}
-            done = views.finished(trace)
-            if done or now - last_text >= PUSH_EVERY:
-                last_text = now
-                ended = time.time() if done else None
-                update |= {page.run_state: trace, page.stream_box: views.stream_view(trace, ended_at=ended),
-                           page.summary: views.run_summary(trace, first_round_after)}
-            first_round = first_round_after is None and trace.rounds
-            if first_round:
-                first_round_after = now - pressed
-            if first_round or done or (trace.rounds and now - last_figures >= FIGURES_EVERY):
-                last_figures = now
-                update |= round_updates(page, trace, len(trace.rounds) - 1, look)
-            if update:
-                yield update
-    except DecodingError as e:
-        raise refusal(e) from e
+    for trace in stream(model, request.prompt, settings):
+        now = time.perf_counter()
+        update = {}
+        done = views.finished(trace)
+        if done or now - last_text >= PUSH_EVERY:
+            last_text = now
+            ended = time.time() if done else None
+            update |= {page.run_state: trace, page.stream_box: views.stream_view(trace, ended_at=ended),
+                       page.summary: views.run_summary(trace, first_round_after)}
+        first_round = first_round_after is None and trace.rounds
+        if first_round:
+            first_round_after = now - pressed
+        if first_round or done or (trace.rounds and now - last_figures >= FIGURES_EVERY):
+            last_figures = now
+            update |= round_updates(page, trace, len(trace.rounds) - 1, look)
+        if update:
+            yield update
 
 
 def show_run(page: Page, values: dict) -> dict:
@@ -203,29 +202,34 @@ def race_updates(page: Page, view: race_views.RaceView) -> dict:
 
 def run_race(page: Page, values: dict) -> Iterator[dict]:
     """Plain decoding and each ticked drafter, several races in rotating order after a warm-up;
-    the median race is replayed, then the Playground's drafter's run in it is shown there."""
-    request, look = page.read(values), page.look(values)
-    model = _load(request.model)
-    drafters = _lanes(model, request)
-    settings = _settings(model, request, drafters)
-    last_push, last_phase = 0.0, ""
+    the median race is replayed, then the Playground's drafter's run in it is shown there (or
+    the Race tab says why it cannot run)."""
     try:
-        for frame in race(model, request.prompt, settings, drafters, request.races, focus=request.method):
-            now = time.perf_counter()
-            if frame.phase == last_phase and frame.phase != "done" and now - last_push < PUSH_EVERY:
-                continue
-            if frame.phase == "measuring":  # the status line alone: no figure is redrawn while a lane runs
-                update = {page.race_status: race_views.race_status(frame)}
-            else:
-                update = race_updates(page, race_views.race_view(frame, look))
-            if not last_phase:  # the first frame: show the Race tab, clear the last race's verdict
-                update[page.tabs] = gr.Tabs(selected="race")
-            if frame.result is not None:
-                update |= {page.race_state: frame.result, page.run_state: frame.result.shown[frame.result.focus]}
-            last_push, last_phase = now, frame.phase
-            yield update
+        yield from _stream_race(page, values)
     except DecodingError as e:
-        raise refusal(e) from e
+        yield refused(page, e, "race")
+
+
+def _stream_race(page: Page, values: dict) -> Iterator[dict]:
+    request, look = page.read(values), page.look(values)
+    model = cache.get(require_offered(request.model))
+    drafters = race_lanes(model, request)
+    settings = decode_settings(model, request, drafters)
+    last_push, last_phase = 0.0, ""
+    for frame in race(model, request.prompt, settings, drafters, request.races, focus=request.method):
+        now = time.perf_counter()
+        if frame.phase == last_phase and frame.phase != "done" and now - last_push < PUSH_EVERY:
+            continue
+        if frame.phase == "measuring":  # the status line alone: no figure is redrawn while a lane runs
+            update = {page.race_status: race_views.race_status(frame)}
+        else:
+            update = race_updates(page, race_views.race_view(frame, look))
+        if not last_phase:  # the first frame: show the Race tab, clear the last race's verdict
+            update[page.tabs] = gr.Tabs(selected="race")
+        if frame.result is not None:
+            update |= {page.race_state: frame.result, page.run_state: frame.result.shown[frame.result.focus]}
+        last_push, last_phase = now, frame.phase
+        yield update
 
 
 # ----------------------------------------------------------------------------- after a run

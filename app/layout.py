@@ -299,6 +299,8 @@ def _wire_rounds(page: Page) -> None:
     """Stepping through a finished run's rounds: slider, buttons, Play, and clicks on the stream."""
     inputs = {page.run_state, page.slider, page.projector, page.width}
     outputs = page.round_views()
+    # A step takes a fraction of a second: a "processing" badge on every panel would only flicker.
+    quiet = dict(show_progress="hidden", **PRIVATE)
 
     def show(values: dict) -> dict:
         return handlers.show_round(page, values, int(values[page.slider]) - 1)
@@ -312,13 +314,13 @@ def _wire_rounds(page: Page) -> None:
     def clicked(values: dict, event: gr.EventData) -> dict:
         return handlers.jump_to_round(page, values, event)
 
-    page.slider.release(show, inputs, outputs, **PRIVATE)
-    page.prev_button.click(previous, inputs, outputs, **PRIVATE)
-    page.next_button.click(following, inputs, outputs, **PRIVATE)
-    page.stream_box.click(clicked, inputs, outputs, **PRIVATE)
+    page.slider.release(show, inputs, outputs, **quiet)
+    page.prev_button.click(previous, inputs, outputs, **quiet)
+    page.next_button.click(following, inputs, outputs, **quiet)
+    page.stream_box.click(clicked, inputs, outputs, **quiet)
     play_outputs = [*outputs, page.playing, page.timer, page.play_button]
-    page.play_button.click(_handler(handlers.toggle_play, page), inputs | {page.playing}, play_outputs, **PRIVATE)
-    page.timer.tick(_handler(handlers.play_tick, page), inputs, play_outputs, **PRIVATE)
+    page.play_button.click(_handler(handlers.toggle_play, page), inputs | {page.playing}, play_outputs, **quiet)
+    page.timer.tick(_handler(handlers.play_tick, page), inputs, play_outputs, **quiet)
 
 
 def _wire_settings(page: Page, model_dd: gr.Dropdown, current_model: gr.State, model_md: gr.Markdown,

@@ -59,10 +59,20 @@ def run_summary(trace: RunTrace, first_round_after: float | None = None) -> str:
     tokens = len(trace.tokens)
     draft_passes = sum(rnd.draft_passes for rnd in trace.rounds)
     own = f" + {draft_passes} passes of the draft model" if draft_passes else ""
+    if finished(trace):
+        timing = f"{trace.total_time:.2f} s measured ({trace.tokens_per_second:.0f} tokens/s)"
+    else:  # the total is only read at the end: until then, the clock at the last round
+        so_far = round_end_times(trace)[-1]
+        timing = f"{so_far:.2f} s so far" + (f" ({tokens / so_far:.0f} tokens/s)" if so_far > 0 else "")
     return (f"{lanes.title(trace.settings.method)} · **{tokens} tokens in {trace.forward_passes} passes** "
             f"(1 prefill + {len(trace.rounds)} rounds{own}) · "
-            f"**{trace.mean_accepted:.2f} tokens per pass** · {trace.total_time:.2f} s measured "
-            f"({trace.tokens_per_second:.0f} tokens/s) · {state}{latency}")
+            f"**{trace.mean_accepted:.2f} tokens per pass** · {timing} · {state}{latency}")
+
+
+def refusal_text(error: Exception, what: str = "run") -> str:
+    """The status line of a run (or race) that could not start or stopped on an error."""
+    return (f"⚠ **Not {what}:** {md_text(str(error))}. Whatever is shown below is still your last "
+            f"{'run' if what == 'run' else 'race'}'s.")
 
 
 def drafting_text(trace: RunTrace, rnd: RoundTrace) -> str:

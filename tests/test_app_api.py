@@ -361,3 +361,35 @@ def test_every_page_run_has_the_pages_time_limit(model):
 
 def test_the_page_queue_is_bounded(demo):
     assert demo._queue.max_size == PAGE_LIMITS.queue_size
+
+
+def _page_and_values(model_dir: str, **request):
+    """A handlers.Page whose components are named by strings, and the values of a request."""
+    from app import handlers
+
+    fields = {f.name: f.name for f in dataclasses.fields(handlers.Page)}
+    page = handlers.Page(**fields | {"request": {f.name: f.name for f in dataclasses.fields(RunRequest)},
+                                     "stats_plots": [], "step_mds": [], "steps": []})
+    values = dataclasses.asdict(RunRequest(model=model_dir, **request)) | {"projector": False, "width": 1280}
+    return page, values
+
+
+@pytest.mark.parametrize("request_fields, message", [
+    (dict(prompt=""), "the prompt is empty"),
+    (dict(prompt="It is", tree_text="[[0], [0"), "the tree JSON is malformed"),
+    (dict(prompt="It is", tree_text=ten_thousand_path_tree()), "the tree has 10001 nodes"),
+    (dict(prompt="x" * 20_000), "the prompt is 20,000 characters"),
+])
+def test_a_run_the_page_refuses_says_why_on_its_status_line_not_as_an_error_on_every_panel(
+        tiny_model_dir, monkeypatch, request_fields, message):
+    from app import handlers
+
+    monkeypatch.setenv("MEDUSA_PLAYGROUND_MODEL", tiny_model_dir)
+    page, values = _page_and_values(tiny_model_dir, **request_fields)
+    with pytest.warns(UserWarning, match=message):  # the toast, outside a page request
+        updates = list(handlers.run_drafter(page, values))
+    assert set(updates[-1]) == {"tabs", "summary"}  # the last run's figures stay, the status line says why
+    assert updates[-1]["summary"].startswith("⚠ **Not run:**")
+    with pytest.warns(UserWarning, match=message):
+        updates = list(handlers.run_race(page, values))
+    assert set(updates[-1]) == {"tabs", "race_status"} and "Not raced" in updates[-1]["race_status"]

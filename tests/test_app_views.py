@@ -12,6 +12,7 @@ from app.race import RaceFrame
 from app.text import MISSING, PLACEHOLDER, explainer_values, load_steps, load_text, render_steps
 from app.tokens import md_code, visible
 from app_helpers import SMALL_CHOICES, make_ar_run, make_race, make_run
+from decoding.stats import round_end_times
 
 
 @pytest.fixture
@@ -66,6 +67,10 @@ def test_summary_counts_tokens_and_passes(run):
 def test_the_summary_says_stopped_only_once_the_run_is_timed(run):
     total, run.total_time = run.total_time, 0.0  # the engine's yield after the last round, before its clock is read
     assert "running…" in views.run_summary(run) and "stopped" not in views.run_summary(run)
+    # While running, the clock at the last round, never "0.00 s measured (0 tokens/s)".
+    so_far = round_end_times(run)[-1]
+    assert f"{so_far:.2f} s so far ({len(run.tokens) / so_far:.0f} tokens/s)" in views.run_summary(run)
+    assert "measured" not in views.run_summary(run)
     run.total_time = total
     summary = views.run_summary(run)
     assert "stopped: reached Max new tokens" in summary and f"{total:.2f} s measured" in summary
