@@ -5,8 +5,10 @@ it through `Page`, which names every component: no handler depends on the order 
 answer with a dict of the components they change, so an update touches only what changed.
 
 While a run streams, the token stream updates every `PUSH_EVERY` seconds but the tree and mask
-only on the first round, every `FIGURES_EVERY` seconds and at the end: redrawing a 64-node tree
-and its 64x64 mask for every round would keep the browser busy long after the run ends.
+only on the first round, now and then and at the end: redrawing a 64-node tree and its 64x64
+mask for every round would keep the browser busy long after the run ends. "Now and then" is
+every `FIGURES_EVERY` seconds, or less often where drawing the figures takes longer: the run
+waits while they are built, so they may take at most `FIGURES_SHARE` of its time.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ from .race import RaceResult, race
 from .text import Step, render_steps
 
 PUSH_EVERY = 0.25  # seconds between updates of the token stream while a run streams
-FIGURES_EVERY = 2.0  # seconds between redraws of the tree and mask while a run streams
+FIGURES_EVERY = 2.0  # seconds between redraws of the tree and mask while a run streams, at least
+FIGURES_SHARE = 0.1  # the most of a run's time spent building its figures while it streams
 DOWNLOADS = Path(tempfile.gettempdir()) / "medusa-playground-downloads"
 KEEP_DOWNLOADS = 32
 
@@ -166,7 +169,7 @@ def _stream_run(page: Page, values: dict) -> Iterator[dict]:
     settings = decode_settings(model, request)
     yield {page.tabs: gr.Tabs(selected="playground"), page.summary: "Starting the run…"}
     first_round_after = None
-    last_text = last_figures = 0.0
+    last_text = next_figures = 0.0
     for trace in stream(model, request.prompt, settings):
         now = time.perf_counter()
         update = {}
@@ -179,9 +182,10 @@ def _stream_run(page: Page, values: dict) -> Iterator[dict]:
         first_round = first_round_after is None and trace.rounds
         if first_round:
             first_round_after = now - pressed
-        if first_round or done or (trace.rounds and now - last_figures >= FIGURES_EVERY):
-            last_figures = now
+        if first_round or done or (trace.rounds and now >= next_figures):
             update |= round_updates(page, trace, len(trace.rounds) - 1, look)
+            drawn = time.perf_counter()
+            next_figures = drawn + max(FIGURES_EVERY, (drawn - now) / FIGURES_SHARE)
         if update:
             yield update
 

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import re
 import time
+from types import SimpleNamespace
 
 import pytest
 from gradio_client import Client
@@ -393,3 +394,33 @@ def test_a_run_the_page_refuses_says_why_on_its_status_line_not_as_an_error_on_e
     with pytest.warns(UserWarning, match=message):
         updates = list(handlers.run_race(page, values))
     assert set(updates[-1]) == {"tabs", "race_status"} and "Not raced" in updates[-1]["race_status"]
+
+
+def test_slow_figures_are_redrawn_less_often_while_a_run_streams(tiny_model_dir, monkeypatch):
+    """Building the figures holds the run up, so they may take only FIGURES_SHARE of its time:
+    a tree that takes long to draw is drawn on the first round, rarely, and at the end."""
+    from app import handlers
+
+    clock = [0.0]
+
+    def perf_counter() -> float:
+        clock[0] += 0.1  # every look at the clock: a tenth of a second later
+        return clock[0]
+
+    drawn = []
+
+    def slow_figures(page, trace, index, look):
+        drawn.append(index)
+        clock[0] += 1.0  # a big tree's figures: a second to build
+        return {}
+
+    monkeypatch.setenv("MEDUSA_PLAYGROUND_MODEL", tiny_model_dir)
+    monkeypatch.setattr(handlers, "time", SimpleNamespace(perf_counter=perf_counter, time=time.time))
+    monkeypatch.setattr(handlers, "round_updates", slow_figures)
+    monkeypatch.setattr(handlers, "FIGURES_EVERY", 0.2)
+    page, values = _page_and_values(tiny_model_dir, prompt="It is a truth", max_new_tokens=64)
+    runs = [u["run_state"] for u in handlers.run_drafter(page, values) if "run_state" in u]
+    rounds = len(runs[-1].rounds)
+    assert rounds >= 16
+    # Every 10 s of this clock (1 s of drawing / FIGURES_SHARE), not every 0.2 s.
+    assert drawn[0] == 0 and drawn[-1] == rounds - 1 and len(drawn) <= 2 + rounds * 0.2 / 10 + 1
