@@ -19,7 +19,7 @@ import json
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import gradio as gr
@@ -87,6 +87,7 @@ class Page:
     prev_button: Component
     next_button: Component
     steps: list[Step]
+    learn_plots: list[Component] = field(default_factory=list)  # the walkthrough's own figures
 
     def inputs(self) -> set[Component]:
         return {*self.request.values(), self.projector, self.width}
@@ -107,7 +108,7 @@ class Page:
         return [self.slider, self.round_md, self.tree_plot, self.mask_plot, self.stream_box]
 
     def after_run(self) -> list[Component]:
-        return [self.stats_md, *self.stats_plots, self.banner_md, *self.step_mds,
+        return [self.stats_md, *self.stats_plots, self.banner_md, *self.step_mds, *self.learn_plots,
                 self.run_download, self.race_download]
 
 
@@ -269,6 +270,7 @@ def after_run(page: Page, values: dict) -> dict:
         **dict(zip(page.stats_plots, views.stats_figures(run, result, look))),
         page.banner_md: views.learn_banner(run, result),
         **dict(zip(page.step_mds, render_steps(page.steps, run, result))),
+        **dict(zip(page.learn_plots, views.learn_figures(run, result, look))),
         page.run_download: gr.DownloadButton(value=run_file, interactive=run_file is not None),
         page.race_download: gr.DownloadButton(value=race_file, interactive=race_file is not None),
     }
@@ -280,7 +282,8 @@ def redraw(page: Page, values: dict) -> dict:
     view = views.round_view(run, int(values[page.slider]) - 1, look)
     return {page.tree_plot: view.tree, page.mask_plot: view.mask,
             page.race_plot: charts.race_figure(result, look=look),
-            **dict(zip(page.stats_plots, views.stats_figures(run, result, look)))}
+            **dict(zip(page.stats_plots, views.stats_figures(run, result, look))),
+            **dict(zip(page.learn_plots, views.learn_figures(run, result, look)))}
 
 
 # ----------------------------------------------------------------------------- rounds

@@ -33,7 +33,7 @@ from .models import missing_models, model_choices, warm_up
 from .race import DEFAULT_RACES, MAX_RACES
 from .race_views import RACE_IDLE
 from .text import Step, load_steps, load_text, render_steps
-from .views import learn_banner, model_card, stats_figures, stats_text, stream_view
+from .views import learn_banner, learn_figures, model_card, stats_figures, stats_text, stream_view
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 MODEL_QUEUE = "model"
@@ -161,7 +161,7 @@ def build_demo() -> gr.Blocks:
                     speed_plot = gr.Plot(empty[2], show_label=False)
             with gr.Tab("Learn", id="learn"):
                 banner_md = gr.Markdown(learn_banner(None, None))
-                step_mds = _walkthrough(steps, tabs)
+                step_mds, learn_plots = _walkthrough(steps, tabs)
             with gr.Tab("Export", id="export"):
                 gr.Markdown(load_text("export_note.md"))
                 with gr.Row():
@@ -178,7 +178,8 @@ def build_demo() -> gr.Blocks:
             projector=projector, width=width, tabs=tabs, run_state=run_state, race_state=race_state,
             stats_md=stats_md, stats_plots=[hist_plot, heads_plot, speed_plot], banner_md=banner_md,
             step_mds=step_mds, run_download=run_dl, race_download=race_dl, playing=playing, timer=timer,
-            steps=steps, **playground, **{k: v for k, v in race_tab.items() if k not in ("races", "lanes")},
+            steps=steps, learn_plots=learn_plots, **playground,
+            **{k: v for k, v in race_tab.items() if k not in ("races", "lanes")},
         )
         _wire_runs(page, run_btn, race_btn)
         _wire_rounds(page)
@@ -187,7 +188,8 @@ def build_demo() -> gr.Blocks:
         tabs.change(None, js=RESIZE_PLOTS, **PRIVATE)
         projector.change(None, projector, None, js=TOGGLE_PROJECTOR, **PRIVATE)
         projector.change(_handler(handlers.redraw, page), {run_state, race_state, page.slider, projector, width},
-                         [page.tree_plot, page.mask_plot, page.race_plot, *page.stats_plots], **PRIVATE)
+                         [page.tree_plot, page.mask_plot, page.race_plot, *page.stats_plots, *page.learn_plots],
+                         **PRIVATE)
         gr.api(gpu(handlers.trace_api), api_name="trace", concurrency_id=MODEL_QUEUE, concurrency_limit=1)
     # Redrawing events may run side by side; model work has its own queue of one (MODEL_QUEUE).
     # The queue is bounded: a crowd waits in line (each visitor sees its place), and past
@@ -350,14 +352,21 @@ def _wire_settings(page: Page, model_dd: gr.Dropdown, current_model: gr.State, m
     example_dd.change(pick_example, example_dd, [request["prompt"], model_dd], **PRIVATE)
 
 
-def _walkthrough(steps: list[Step], tabs: gr.Tabs) -> list[gr.Markdown]:
-    """The Learn steps, each with a button that takes you to the live figure it explains."""
-    step_mds = []
+def _walkthrough(steps: list[Step], tabs: gr.Tabs) -> tuple[list[gr.Markdown], list[gr.Plot]]:
+    """The Learn steps, each with a button that takes you to the live figure it explains; a step
+    with a figure of its own (the measured cost of a pass) draws it beside its text."""
+    step_mds, plots = [], []
     initial = render_steps(steps, None, None)
+    figures = iter(learn_figures(None, None))
     with gr.Walkthrough(selected=0) as walkthrough:
         for i, (step, text) in enumerate(zip(steps, initial)):
             with gr.Step(step.label, id=i):
-                step_mds.append(gr.Markdown(text, elem_id=f"learn-step-{i + 1}"))
+                if step.figure:
+                    with gr.Row(elem_classes="learn-with-figure"):
+                        step_mds.append(gr.Markdown(text, elem_id=f"learn-step-{i + 1}"))
+                        plots.append(gr.Plot(next(figures), show_label=False, elem_id=f"learn-{step.figure}"))
+                else:
+                    step_mds.append(gr.Markdown(text, elem_id=f"learn-step-{i + 1}"))
                 with gr.Row():
                     if i > 0:
                         gr.Button("◀ Back", size="sm", scale=0).click(
@@ -370,7 +379,7 @@ def _walkthrough(steps: list[Step], tabs: gr.Tabs) -> list[gr.Markdown]:
                     if i < len(steps) - 1:
                         gr.Button("Next ▶", size="sm", scale=0).click(
                             lambda i=i: gr.Walkthrough(selected=i + 1), None, walkthrough, **PRIVATE)
-    return step_mds
+    return step_mds, plots
 
 
 def launch_options() -> dict:

@@ -21,7 +21,7 @@ from . import charts, lanes
 from .figure_style import LAPTOP, Look, message_figure
 from .models import describe
 from .race import RaceResult
-from .text import walkthrough_run
+from .text import measured_curve, walkthrough_run
 from .tokens import legend_html, md_code, md_text, stream_html
 from .tree_figures import mask_figure, next_token_text, tree_figure
 from .tree_layout import leaf_count
@@ -200,7 +200,23 @@ def stats_figures(run: RunTrace | None, race: RaceResult | None, look: Look = LA
             charts.speed_figure(run, race, look))
 
 
+SMALL_MODEL_NOTE = ("  \n<small>A small model like this one states false facts with confidence. Medusa changes "
+                    "how fast it writes, never what it says: with greedy acceptance, its text is plain "
+                    "decoding's, token for token.</small>")
+
+
 def learn_banner(run: RunTrace | None, race: RaceResult | None) -> str:
+    return _learn_source(run, race) + SMALL_MODEL_NOTE
+
+
+def learn_figures(run: RunTrace | None, race: RaceResult | None, look: Look = LAPTOP) -> list[go.Figure]:
+    """The walkthrough's own figures, in step order: the measured cost of a T-token pass."""
+    medusa = walkthrough_run(run, race)
+    nodes = medusa.tree.size if medusa is not None and medusa.tree is not None else None
+    return [charts.cost_curve_figure(measured_curve(run, race), nodes, look)]
+
+
+def _learn_source(run: RunTrace | None, race: RaceResult | None) -> str:
     if run is None:
         return "Press **Run** (and then **Race**): the numbers in these steps come from your own run."
     medusa = walkthrough_run(run, race)

@@ -13,6 +13,7 @@ from app.text import MISSING, PLACEHOLDER, explainer_values, load_steps, load_te
 from app.tokens import md_code, visible
 from app_helpers import SMALL_CHOICES, make_ar_run, make_race, make_run
 from decoding.stats import round_end_times
+from decoding.trace import CostCurve
 
 
 @pytest.fixture
@@ -216,3 +217,56 @@ def test_learn_says_how_each_embedded_models_heads_were_trained():
     assert heads_recipe("smollm2") == "medusa-1-root"  # frozen base, heads read the root
     assert heads_recipe("no-such-model") is None
     assert "reads the token the base model just chose" in HEADS_TRAINING["medusa-1-root"]
+
+
+# ----------------------------------------------------------------------------- what this machine measured
+
+def _curve(costs: list[float]) -> CostCurve:
+    return CostCurve(sizes=[1, 4, 16, 64][:len(costs)], costs=costs, step_seconds=0.0455, device="cpu",
+                     dtype="float32", threads=2, past=150, measured_at="2026-12-01T10:00:00Z")
+
+
+def test_learn_step_one_states_the_cost_this_machine_measured(run):
+    run.cost_curve = _curve([1.0, 0.93, 1.31, 2.47])
+    first = render_steps(load_steps(), run, None)[0]
+    assert "On this machine (cpu, float32, 2 threads; one step 45.5 ms)" in first
+    assert "4 tokens 0.93 steps" in first and "64 tokens 2.47 steps" in first
+    assert "**rising:" in first and "barely more" not in first
+    assert "Plain decoding* row of the **Race** tab" in first and "left pane" not in first
+    run.cost_curve = _curve([1.0, 1.03, 1.13, 1.54])  # bfloat16 on the matrix units: nearly free
+    assert "**nearly flat:" in render_steps(load_steps(), run, None)[0]
+    speedup = render_steps(load_steps(), run, None)[5]
+    assert f"puts a {run.tree.size}-token pass at" in speedup
+
+
+def test_without_a_measured_curve_learn_says_so_and_draws_no_numbers(run):
+    run.cost_curve = None
+    first = render_steps(load_steps(), run, None)[0]
+    assert "did not time passes of different sizes" in first and MISSING not in first.split("**In your run")[0]
+    (figure,) = views.learn_figures(run, None)
+    assert "Not measured" in figure.layout.annotations[0].text
+    assert "Press **Run** to see what a pass costs" in render_steps(load_steps(), None, None)[0]
+
+
+def test_the_cost_curve_figure_draws_the_measurement_between_free_and_one_step_a_token(run):
+    run.cost_curve = _curve([1.0, 0.93, 1.31, 2.47])
+    (figure,) = views.learn_figures(run, None)
+    measured = next(trace for trace in figure.data if trace.name == "measured here")
+    assert list(measured.x) == [1, 4, 16, 64] and list(measured.y) == [1.0, 0.93, 1.31, 2.47]
+    mark = next(trace for trace in figure.data if trace.name == "your tree")
+    assert list(mark.x) == [run.tree.size] and mark.y[0] == pytest.approx(run.cost_curve.cost(run.tree.size))
+    assert "cpu, float32, 2 threads" in figure.layout.title.text
+
+
+def test_a_race_lends_its_curve_when_the_last_run_has_none(run):
+    race = _race(run, 0.004)
+    race.races[0]["ar"].cost_curve = _curve([1.0, 1.2])
+    run.cost_curve = None
+    assert "4 tokens 1.20 steps" in render_steps(load_steps(), run, race)[0]
+
+
+def test_the_mask_rule_includes_the_node_itself_and_learn_warns_about_small_models(run):
+    mask_step = render_steps(load_steps(), run, None)[3]
+    assert "to its own ancestors and to itself" in mask_step and "node *i* itself" in mask_step
+    for banner in (views.learn_banner(None, None), views.learn_banner(run, None)):
+        assert "states false facts" in banner and "never what it says" in banner
