@@ -43,7 +43,7 @@ from .inputs import (
     race_lanes,
 )
 from .models import ModelCache, offered_models, require_offered
-from .race import RaceResult, race
+from .race import RaceResult, default_lanes, race
 from .text import Step, render_steps
 
 PUSH_EVERY = 0.25  # seconds between updates of the token stream while a run streams
@@ -344,7 +344,7 @@ def switch_model(name: str, previous: str, method: str) -> tuple:
             gr.Dropdown(choices=list(model.trees), value=model.default_tree),
             format_choices(model.trees[model.default_tree]),
             gr.Radio(choices=lanes.choices(drafters), value=method if method in drafters else drafters[0]),
-            gr.CheckboxGroup(choices=lanes.choices(drafters, short=True), value=drafters))
+            gr.CheckboxGroup(choices=lanes.choices(drafters, short=True), value=default_lanes(drafters)))
 
 
 def drafter_controls(method: str) -> tuple:

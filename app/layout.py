@@ -30,7 +30,7 @@ from .gpu import ON_ZERO_GPU, gpu
 from .handlers import Page
 from .inputs import describe_tree, format_choices
 from .models import missing_models, model_choices, warm_up
-from .race import DEFAULT_RACES, MAX_RACES
+from .race import DEFAULT_RACES, MAX_RACES, default_lanes
 from .race_views import RACE_IDLE
 from .text import Step, load_steps, load_text, render_steps
 from .views import learn_banner, learn_figures, model_card, stats_figures, stats_text, stream_view
@@ -251,7 +251,7 @@ def _race_tab(tabs: gr.Tabs, drafters: list[str]) -> dict:
     with gr.Row(equal_height=True):
         races = gr.Slider(1, MAX_RACES, value=DEFAULT_RACES, step=1, precision=0, scale=3,
                           label="Races (which lane runs first rotates, after a warm-up)", elem_id="race-count")
-        lanes_box = gr.CheckboxGroup(lanes.choices(drafters, short=True), value=drafters, scale=3,
+        lanes_box = gr.CheckboxGroup(lanes.choices(drafters, short=True), value=default_lanes(drafters), scale=3,
                                      elem_id="race-lanes-picker",
                                      label="Lanes beside plain decoding")
         why = gr.Button("Why this speedup? See the Stats tab →", scale=1, elem_id="why-speedup")

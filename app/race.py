@@ -31,9 +31,15 @@ from decoding.trace import RunTrace
 
 PLAIN = "ar"
 REPLAY_STEP = 0.05  # seconds between frames of the replay
-WARM_UP_TOKENS = 4
+WARM_UP_TOKENS = 8  # as `bench` warms up, so the race measures what bench measures
 DEFAULT_RACES = 3
 MAX_RACES = 7
+
+
+def default_lanes(drafters: list[str]) -> list[str]:
+    """The lanes ticked before the visitor picks: Medusa's heads alone beside plain decoding where
+    the model has them (the lesson, in half the wait of every lane); the others on request."""
+    return ["medusa"] if "medusa" in drafters else drafters[:1]
 
 
 def lane_order(lanes: list[str], index: int) -> list[str]:
@@ -109,6 +115,8 @@ class RaceFrame:
     measuring: str = ""  # the lane running while measuring
     result: RaceResult | None = None  # set once every race is measured
     clock: float = 0.0  # seconds on the replayed race's clock
+    done: dict[str, int] = field(default_factory=dict)  # runs measured so far, per lane
+    elapsed: float = 0.0  # wall-clock seconds since the first measured run began
 
     @property
     def shown(self) -> dict[str, RunTrace]:
@@ -132,11 +140,14 @@ def race(model: MedusaModel, prompt: str, settings: DecodeSettings, drafters: li
         generate(model, prompt, dataclasses.replace(warm, max_new_tokens=min(WARM_UP_TOKENS, settings.max_new_tokens)))
 
     result = RaceResult(lanes, focus if focus in drafters else drafters[0])
+    done, started = dict.fromkeys(lanes, 0), time.perf_counter()
     for index in range(races):
         runs = {}
         for lane in lane_order(lanes, index):
-            yield RaceFrame("measuring", races, lanes, index, lane)
+            yield RaceFrame("measuring", races, lanes, index, lane, done=dict(done),
+                            elapsed=time.perf_counter() - started)
             runs[lane] = generate(model, prompt, methods[lane])
+            done[lane] += 1
         result.races.append(runs)
 
     end = max(trace.total_time for trace in result.shown.values())

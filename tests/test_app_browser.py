@@ -137,6 +137,9 @@ def test_a_malformed_tree_is_explained_before_any_run(page):
 
 
 def test_races_run_a_lane_per_drafter_report_their_speedups_and_link_to_stats(page, shots):
+    open_tab(page, "Race")
+    for name in ("draft model", "prompt lookup"):  # Medusa alone is ticked at first
+        page.locator("#race-lanes-picker").get_by_label(name).check()
     started = time.perf_counter()
     verdict = run_race(page, races=3)
     print(f"a race of 4 lanes x 3 races on the tiny model: {time.perf_counter() - started:.1f} s")

@@ -181,6 +181,18 @@ def test_race_status_says_which_race_lane_and_place_in_the_order_is_running():
     assert "warming up 3 lanes" in race_views.race_status(RaceFrame("warm-up", 3, lanes)).lower()
 
 
+def test_race_status_shows_each_lanes_progress_and_the_time_left():
+    lanes = ["ar", "medusa"]
+    first = race_views.race_status(RaceFrame("measuring", 3, lanes, 0, "ar", done={"ar": 0, "medusa": 0}))
+    assert "left" not in first  # nothing measured yet: no guess
+    assert "Plain decoding ◐○○ · Medusa ○○○" in first
+    # Race 2 runs medusa first, then plain: 2 of 6 runs done in 10 s, so about 20 s for the other 4.
+    status = race_views.race_status(RaceFrame("measuring", 3, lanes, 1, "medusa", done={"ar": 1, "medusa": 1},
+                                              elapsed=10.0))
+    assert "run 3 of 6" in status and "about 20 s left" in status
+    assert "Plain decoding ●○○ · Medusa ●◐○" in status
+
+
 def test_page_texts_live_in_assets():
     assert "Medusa Playground" in load_text("header.html")
     assert "median" in load_text("timing_note.md")

@@ -147,5 +147,8 @@ def test_while_lanes_are_measured_the_page_gets_the_status_line_alone(tiny_dirs,
     updates = list(handlers.run_race(page, values))
     measuring = [u for u in updates if "measuring" in str(u.get("race_status"))]
     assert len(measuring) == 2 * 3 and all(set(u) == {"race_status"} for u in measuring)
+    # Each lane's progress: the last run of the last race, every other one measured.
+    assert measuring[-1]["race_status"].count("●") == 2 * 3 - 1 and "◐" in measuring[-1]["race_status"]
+    assert "s left" in measuring[-1]["race_status"] and "s left" not in measuring[0]["race_status"]
     assert {"tabs", "race_lanes", "race_plot", "race_md"} <= set(updates[0]) and "race_state" not in updates[0]
     assert updates[-1]["race_state"].lanes == ["ar", "medusa", "prompt-lookup"]
