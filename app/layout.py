@@ -231,7 +231,7 @@ def _drafter_controls(model: MedusaModel) -> dict:
     controls["preset"] = gr.Dropdown(list(model.trees), value=model.default_tree, label="Tree preset",
                                      elem_id="tree-preset", visible=medusa)
     controls["tree_text"] = gr.Code(format_choices(model.trees[model.default_tree]), language="json",
-                                    label="Tree (Medusa choices: one path of ranks per node)", lines=6,
+                                    label="Tree: one path of ranks per node", lines=6,
                                     max_lines=12, elem_id="tree-json", visible=medusa)
     controls["tree_status"] = gr.Markdown(describe_tree(controls["tree_text"].value, model.trees[model.default_tree],
                                                         model.num_heads, model.num_heads),
