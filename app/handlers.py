@@ -90,7 +90,8 @@ class Page:
     learn_plots: list[Component] = field(default_factory=list)  # the walkthrough's own figures
 
     def inputs(self) -> set[Component]:
-        return {*self.request.values(), self.projector, self.width}
+        # The states too: a refused run says whether the figures below are still the last one's.
+        return {*self.request.values(), self.projector, self.width, self.run_state, self.race_state}
 
     def read(self, values: dict[Component, object]) -> RunRequest:
         return RunRequest(**{name: values[component] for name, component in self.request.items()})
@@ -146,13 +147,15 @@ def round_updates(page: Page, trace: RunTrace | None, index: int, look: Look) ->
     return {page.slider: slider, page.round_md: view.info, page.tree_plot: view.tree, page.mask_plot: view.mask}
 
 
-def refused(page: Page, error: DecodingError, tab: str) -> dict:
+def refused(page: Page, values: dict, error: DecodingError, tab: str) -> dict:
     """A run or race that cannot go on, said on its tab's status line and in a warning toast.
     Not a gr.Error: that marks every output panel "Error" and leaves the old status showing."""
     gr.Warning(toast_text(error))
     if tab == "race":
-        return {page.tabs: gr.Tabs(selected="race"), page.race_status: views.refusal_text(error, "raced")}
-    return {page.tabs: gr.Tabs(selected="playground"), page.summary: views.refusal_text(error)}
+        earlier = values.get(page.race_state) is not None
+        return {page.tabs: gr.Tabs(selected="race"), page.race_status: views.refusal_text(error, "raced", earlier)}
+    earlier = values.get(page.run_state) is not None
+    return {page.tabs: gr.Tabs(selected="playground"), page.summary: views.refusal_text(error, "run", earlier)}
 
 
 def run_drafter(page: Page, values: dict) -> Iterator[dict]:
@@ -160,7 +163,7 @@ def run_drafter(page: Page, values: dict) -> Iterator[dict]:
     try:
         yield from _stream_run(page, values)
     except DecodingError as e:
-        yield refused(page, e, "playground")
+        yield refused(page, values, e, "playground")
 
 
 def _stream_run(page: Page, values: dict) -> Iterator[dict]:
@@ -212,7 +215,7 @@ def run_race(page: Page, values: dict) -> Iterator[dict]:
     try:
         yield from _stream_race(page, values)
     except DecodingError as e:
-        yield refused(page, e, "race")
+        yield refused(page, values, e, "race")
 
 
 def _stream_race(page: Page, values: dict) -> Iterator[dict]:

@@ -69,10 +69,11 @@ def run_summary(trace: RunTrace, first_round_after: float | None = None) -> str:
             f"**{trace.mean_accepted:.2f} tokens per pass** · {timing} · {state}{latency}")
 
 
-def refusal_text(error: Exception, what: str = "run") -> str:
-    """The status line of a run (or race) that could not start or stopped on an error."""
-    return (f"⚠ **Not {what}:** {md_text(str(error))}. Whatever is shown below is still your last "
-            f"{'run' if what == 'run' else 'race'}'s.")
+def refusal_text(error: Exception, what: str = "run", earlier: bool = False) -> str:
+    """The status line of a run (or race) that could not start or stopped on an error; `earlier`:
+    the figures below still show the one before."""
+    note = f" What is shown below is still your last {'run' if what == 'run' else 'race'}." if earlier else ""
+    return f"⚠ **Not {what}:** {md_text(str(error))}.{note}"
 
 
 def drafting_text(trace: RunTrace, rnd: RoundTrace) -> str:

@@ -282,3 +282,11 @@ def test_the_mask_rule_includes_the_node_itself_and_learn_warns_about_small_mode
     assert "to its own ancestors and to itself" in mask_step and "node *i* itself" in mask_step
     for banner in (views.learn_banner(None, None), views.learn_banner(run, None)):
         assert "states false facts" in banner and "never what it says" in banner
+
+
+def test_a_refusal_says_what_is_wrong_and_whether_the_figures_are_still_the_last_runs():
+    error = ValueError("the prompt is empty: type some text to continue")
+    assert views.refusal_text(error) == "⚠ **Not run:** the prompt is empty: type some text to continue."
+    assert "still your last run" in views.refusal_text(error, earlier=True)
+    assert "still your last race" in views.refusal_text(error, "raced", earlier=True)
+    assert "&lt;img" in views.refusal_text(ValueError("<img src=x>"))
