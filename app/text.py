@@ -169,12 +169,14 @@ def curve_values(curve: CostCurve | None, tree_nodes: int | None) -> dict[str, s
     flat or steep. Without a curve, that it was not measured (never a number it did not see)."""
     if curve is None:
         return {"cost_curve": "This run did not time passes of different sizes on this machine, so the "
-                              "figure below is empty; the Race tab's round costs measure the same thing.",
+                              "figure is empty; the Race tab's round costs measure the same thing.",
                 "curve_tree_cost": ""}
     points = [(size, cost) for size, cost in zip(curve.sizes, curve.costs) if size > 1]
     sampled = points if len(points) <= 4 else [points[0], points[len(points) // 3],
                                                points[2 * len(points) // 3], points[-1]]
-    listed = ", ".join(f"{size} tokens {_steps(cost)}" for size, cost in sampled)
+    said = [f"over {size} tokens {cost:.2f}" for size, cost in sampled]
+    said[0] = f"a pass over {sampled[0][0]} tokens cost {sampled[0][1]:.2f} one-token steps" if sampled else ""
+    listed = said[0] if len(said) < 2 else ", ".join(said[:-1]) + " and " + said[-1]
     largest, cost = points[-1] if points else (2, 1.0)
     per_token = (cost - 1) / (largest - 1)  # what each token beyond the first adds, in steps
     shape = ("nearly flat: checking many guesses costs about one pass, the regime Medusa is built for"
@@ -184,7 +186,7 @@ def curve_values(curve: CostCurve | None, tree_nodes: int | None) -> dict[str, s
              "rising: each extra guess costs real time here, so small trees win")
     values = {"cost_curve": (f"On this machine ({md_text(curve.device)}, {md_text(curve.dtype)}, {curve.threads} "
                              f"thread{'s' if curve.threads != 1 else ''}; one step {curve.step_seconds * 1e3:.1f} ms), "
-                             f"measured on the loaded model, a pass over {listed}: the curve is **{shape}**."),
+                             f"measured on the loaded model, {listed}: the curve is **{shape}**."),
               "curve_tree_cost": ""}
     if tree_nodes:
         values["curve_tree_cost"] = (f" The curve in step 1 puts a {tree_nodes}-token pass at "

@@ -212,6 +212,9 @@ def learn_banner(run: RunTrace | None, race: RaceResult | None) -> str:
 
 def learn_figures(run: RunTrace | None, race: RaceResult | None, look: Look = LAPTOP) -> list[go.Figure]:
     """The walkthrough's own figures, in step order: the measured cost of a T-token pass."""
+    if run is None and race is None:
+        return [message_figure("Press Run: what a pass over T tokens<br>costs on this machine appears here.",
+                               look, height=260)]
     medusa = walkthrough_run(run, race)
     nodes = medusa.tree.size if medusa is not None and medusa.tree is not None else None
     return [charts.cost_curve_figure(measured_curve(run, race), nodes, look)]
