@@ -31,7 +31,8 @@ def race_status(frame: RaceFrame) -> str:
                 f"(lane {place} of {count} in this race; run {run} of {runs}){_time_left(frame, run - 1, runs)}… "
                 f"(the page waits so it does not slow the run down)  \n{_lane_progress(frame)}")
     if frame.phase == "replaying":
-        return "▶ Replaying the median race, every lane on its own measured clock, side by side."
+        pace = f" at {frame.pace:.1f}× real speed" if frame.pace > 1 else ""
+        return f"▶ Replaying the median race{pace}, every lane on its own measured clock, side by side."
     return (f"✓ Done: {frame.races} race(s) of {count} lanes after a warm-up, each lane measured alone, "
             "in an order that rotates from race to race.")
 
