@@ -7,11 +7,11 @@ from collections import Counter
 import plotly.graph_objects as go
 
 from decoding.stats import Timing, round_cost, round_end_times
-from decoding.trace import RunTrace
+from decoding.trace import CostCurve, RunTrace
 
 from . import lanes
 from .figure_style import LAPTOP, Look, base_layout, message_figure
-from .palette import ACCEPTED, AR, head_colour
+from .palette import ACCEPTED, AR, MEDUSA, head_colour
 from .race import RaceResult
 
 
@@ -130,3 +130,37 @@ def speed_figure(run: RunTrace, race: RaceResult | None, look: Look = LAPTOP) ->
     fig.update_layout(title=dict(text="Tokens per pass vs. wall-clock speedup", x=0.01))
     fig.update_yaxes(rangemode="tozero", range=[0, max(values) * 1.25 + 0.1])
     return base_layout(fig, height=round(300 * look.scale), look=look, uirevision="speed")
+
+
+def cost_curve_figure(curve: CostCurve | None, tree_nodes: int | None = None, look: Look = LAPTOP) -> go.Figure:
+    """What a pass over T tokens costs here, in one-token steps, as measured on the loaded model,
+    between the two regimes: flat (about 1, a memory-bound GPU) and T (every token a full step).
+    `tree_nodes` marks the last run's tree on the curve."""
+    if curve is None:
+        return message_figure("Not measured for this run:<br>the cost of a pass over T tokens<br>appears here "
+                              "once the engine<br>has timed it on this machine.", look, height=260)
+    top = max(curve.sizes)
+    threads = f"{curve.threads} thread{'s' if curve.threads != 1 else ''}"
+    fig = go.Figure([
+        go.Scatter(x=[1, top], y=[1, top], mode="lines", line=dict(color=AR, dash="dot", width=1),
+                   name="each token a full step", hoverinfo="skip"),
+        go.Scatter(x=[1, top], y=[1, 1], mode="lines", line=dict(color=ACCEPTED, dash="dash", width=1),
+                   name="free: one step for any T", hoverinfo="skip"),
+        go.Scatter(x=curve.sizes, y=curve.costs, mode="lines+markers",
+                   name=f"measured: {curve.device}, {curve.dtype}, {threads}",
+                   line=dict(color=MEDUSA, width=3), marker=dict(size=round(8 * look.marker_scale)),
+                   hovertemplate="a pass over %{x} tokens: %{y:.2f} one-token steps<extra></extra>"),
+    ])
+    if tree_nodes:
+        cost = curve.cost(tree_nodes)
+        fig.add_trace(go.Scatter(x=[tree_nodes], y=[cost], mode="markers", name=f"your tree: {cost:.2f} steps",
+                                 marker=dict(color=ACCEPTED, size=round(12 * look.marker_scale), symbol="diamond"),
+                                 hovertemplate="your tree: %{x} nodes ≈ %{y:.2f} steps<extra></extra>"))
+    powers = [2**i for i in range(top.bit_length()) if 2**i <= top]
+    fig.update_layout(title=dict(text="What a pass over T tokens costs here", x=0.01),
+                      legend=dict(orientation="h", yanchor="top", y=-0.28, x=0, xanchor="left"))
+    fig.update_xaxes(title="tokens in one pass (T)", type="log", tickvals=curve.sizes)
+    fig.update_yaxes(title="one-token steps", type="log", tickvals=powers)
+    fig = base_layout(fig, height=round(360 * look.scale), look=look, uirevision="cost-curve")
+    fig.update_layout(margin=dict(l=10, r=10, t=round(50 * look.scale), b=round(90 * look.scale)))
+    return fig

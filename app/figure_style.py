@@ -18,7 +18,7 @@ NARROW_WIDTH = 700  # CSS pixels: below this the page is on a phone
 # The page's layout, as far as figure sizes depend on it (app/layout.py sets these).
 SIDEBAR_PX = 320
 SIDEBAR_CLOSED_BELOW = 1000  # window width under which the sidebar starts closed
-MASK_SHARE = 0.4  # the mask's share of the row it shares with the tree
+MASK_SHARE = 0.5  # the mask's share of the row it shares with the tree (a 64-row mask needs the room)
 
 
 @dataclass(frozen=True)

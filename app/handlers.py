@@ -5,8 +5,10 @@ it through `Page`, which names every component: no handler depends on the order 
 answer with a dict of the components they change, so an update touches only what changed.
 
 While a run streams, the token stream updates every `PUSH_EVERY` seconds but the tree and mask
-only on the first round, every `FIGURES_EVERY` seconds and at the end: redrawing a 64-node tree
-and its 64x64 mask for every round would keep the browser busy long after the run ends.
+only on the first round, now and then and at the end: redrawing a 64-node tree and its 64x64
+mask for every round would keep the browser busy long after the run ends. "Now and then" is
+every `FIGURES_EVERY` seconds, or less often where drawing the figures takes longer: the run
+waits while they are built, so they may take at most `FIGURES_SHARE` of its time.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import json
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import gradio as gr
@@ -34,20 +36,19 @@ from . import charts, lanes, race_views, views
 from .figure_style import Look
 from .inputs import (
     RunRequest,
-    check_method,
+    api_request,
     decode_settings,
     describe_tree,
     format_choices,
-    parse_tree_json,
     race_lanes,
-    whole,
 )
 from .models import ModelCache, offered_models, require_offered
-from .race import RaceResult, race
+from .race import RaceResult, default_lanes, race
 from .text import Step, render_steps
 
 PUSH_EVERY = 0.25  # seconds between updates of the token stream while a run streams
-FIGURES_EVERY = 2.0  # seconds between redraws of the tree and mask while a run streams
+FIGURES_EVERY = 2.0  # seconds between redraws of the tree and mask while a run streams, at least
+FIGURES_SHARE = 0.1  # the most of a run's time spent building its figures while it streams
 DOWNLOADS = Path(tempfile.gettempdir()) / "medusa-playground-downloads"
 KEEP_DOWNLOADS = 32
 
@@ -86,9 +87,11 @@ class Page:
     prev_button: Component
     next_button: Component
     steps: list[Step]
+    learn_plots: list[Component] = field(default_factory=list)  # the walkthrough's own figures
 
     def inputs(self) -> set[Component]:
-        return {*self.request.values(), self.projector, self.width}
+        # The states too: a refused run says whether the figures below are still the last one's.
+        return {*self.request.values(), self.projector, self.width, self.run_state, self.race_state}
 
     def read(self, values: dict[Component, object]) -> RunRequest:
         return RunRequest(**{name: values[component] for name, component in self.request.items()})
@@ -106,7 +109,7 @@ class Page:
         return [self.slider, self.round_md, self.tree_plot, self.mask_plot, self.stream_box]
 
     def after_run(self) -> list[Component]:
-        return [self.stats_md, *self.stats_plots, self.banner_md, *self.step_mds,
+        return [self.stats_md, *self.stats_plots, self.banner_md, *self.step_mds, *self.learn_plots,
                 self.run_download, self.race_download]
 
 
@@ -131,20 +134,6 @@ def _load(name: str) -> MedusaModel:
         raise refusal(e) from e
 
 
-def _settings(model: MedusaModel, request: RunRequest, methods: list[str] | None = None) -> DecodeSettings:
-    try:
-        return decode_settings(model, request, methods)
-    except DecodingError as e:
-        raise refusal(e) from e
-
-
-def _lanes(model: MedusaModel, request: RunRequest) -> list[str]:
-    try:
-        return race_lanes(model, request)
-    except DecodingError as e:
-        raise refusal(e) from e
-
-
 # ----------------------------------------------------------------------------- run
 
 def round_updates(page: Page, trace: RunTrace | None, index: int, look: Look) -> dict:
@@ -158,35 +147,51 @@ def round_updates(page: Page, trace: RunTrace | None, index: int, look: Look) ->
     return {page.slider: slider, page.round_md: view.info, page.tree_plot: view.tree, page.mask_plot: view.mask}
 
 
+def refused(page: Page, values: dict, error: DecodingError, tab: str) -> dict:
+    """A run or race that cannot go on, said on its tab's status line and in a warning toast.
+    Not a gr.Error: that marks every output panel "Error" and leaves the old status showing."""
+    gr.Warning(toast_text(error))
+    if tab == "race":
+        earlier = values.get(page.race_state) is not None
+        return {page.tabs: gr.Tabs(selected="race"), page.race_status: views.refusal_text(error, "raced", earlier)}
+    earlier = values.get(page.run_state) is not None
+    return {page.tabs: gr.Tabs(selected="playground"), page.summary: views.refusal_text(error, "run", earlier)}
+
+
 def run_drafter(page: Page, values: dict) -> Iterator[dict]:
-    """Stream a run of the chosen drafter into the Playground."""
+    """Stream a run of the chosen drafter into the Playground (or say why it cannot run)."""
+    try:
+        yield from _stream_run(page, values)
+    except DecodingError as e:
+        yield refused(page, values, e, "playground")
+
+
+def _stream_run(page: Page, values: dict) -> Iterator[dict]:
     pressed = time.perf_counter()
     request, look = page.read(values), page.look(values)
-    model = _load(request.model)
-    settings = _settings(model, request)
+    model = cache.get(require_offered(request.model))
+    settings = decode_settings(model, request)
     yield {page.tabs: gr.Tabs(selected="playground"), page.summary: "Starting the run…"}
     first_round_after = None
-    last_text = last_figures = 0.0
-    try:
-        for trace in stream(model, request.prompt, settings):
-            now = time.perf_counter()
-            update = {}
-            done = views.finished(trace)
-            if done or now - last_text >= PUSH_EVERY:
-                last_text = now
-                ended = time.time() if done else None
-                update |= {page.run_state: trace, page.stream_box: views.stream_view(trace, ended_at=ended),
-                           page.summary: views.run_summary(trace, first_round_after)}
-            first_round = first_round_after is None and trace.rounds
-            if first_round:
-                first_round_after = now - pressed
-            if first_round or done or (trace.rounds and now - last_figures >= FIGURES_EVERY):
-                last_figures = now
-                update |= round_updates(page, trace, len(trace.rounds) - 1, look)
-            if update:
-                yield update
-    except DecodingError as e:
-        raise refusal(e) from e
+    last_text = next_figures = 0.0
+    for trace in stream(model, request.prompt, settings):
+        now = time.perf_counter()
+        update = {}
+        done = views.finished(trace)
+        if done or now - last_text >= PUSH_EVERY:
+            last_text = now
+            ended = time.time() if done else None
+            update |= {page.run_state: trace, page.stream_box: views.stream_view(trace, ended_at=ended),
+                       page.summary: views.run_summary(trace, first_round_after)}
+        first_round = first_round_after is None and trace.rounds
+        if first_round:
+            first_round_after = now - pressed
+        if first_round or done or (trace.rounds and now >= next_figures):
+            update |= round_updates(page, trace, len(trace.rounds) - 1, look)
+            drawn = time.perf_counter()
+            next_figures = drawn + max(FIGURES_EVERY, (drawn - now) / FIGURES_SHARE)
+        if update:
+            yield update
 
 
 def show_run(page: Page, values: dict) -> dict:
@@ -205,29 +210,34 @@ def race_updates(page: Page, view: race_views.RaceView) -> dict:
 
 def run_race(page: Page, values: dict) -> Iterator[dict]:
     """Plain decoding and each ticked drafter, several races in rotating order after a warm-up;
-    the median race is replayed, then the Playground's drafter's run in it is shown there."""
-    request, look = page.read(values), page.look(values)
-    model = _load(request.model)
-    drafters = _lanes(model, request)
-    settings = _settings(model, request, drafters)
-    last_push, last_phase = 0.0, ""
+    the median race is replayed, then the Playground's drafter's run in it is shown there (or
+    the Race tab says why it cannot run)."""
     try:
-        for frame in race(model, request.prompt, settings, drafters, request.races, focus=request.method):
-            now = time.perf_counter()
-            if frame.phase == last_phase and frame.phase != "done" and now - last_push < PUSH_EVERY:
-                continue
-            if frame.phase == "measuring":  # the status line alone: no figure is redrawn while a lane runs
-                update = {page.race_status: race_views.race_status(frame)}
-            else:
-                update = race_updates(page, race_views.race_view(frame, look))
-            if not last_phase:  # the first frame: show the Race tab, clear the last race's verdict
-                update[page.tabs] = gr.Tabs(selected="race")
-            if frame.result is not None:
-                update |= {page.race_state: frame.result, page.run_state: frame.result.shown[frame.result.focus]}
-            last_push, last_phase = now, frame.phase
-            yield update
+        yield from _stream_race(page, values)
     except DecodingError as e:
-        raise refusal(e) from e
+        yield refused(page, values, e, "race")
+
+
+def _stream_race(page: Page, values: dict) -> Iterator[dict]:
+    request, look = page.read(values), page.look(values)
+    model = cache.get(require_offered(request.model))
+    drafters = race_lanes(model, request)
+    settings = decode_settings(model, request, drafters)
+    last_push, last_phase = 0.0, ""
+    for frame in race(model, request.prompt, settings, drafters, request.races, focus=request.method):
+        now = time.perf_counter()
+        if frame.phase == last_phase and frame.phase != "done" and now - last_push < PUSH_EVERY:
+            continue
+        if frame.phase == "measuring":  # the status line alone: no figure is redrawn while a lane runs
+            update = {page.race_status: race_views.race_status(frame)}
+        else:
+            update = race_updates(page, race_views.race_view(frame, look))
+        if not last_phase:  # the first frame: show the Race tab, clear the last race's verdict
+            update[page.tabs] = gr.Tabs(selected="race")
+        if frame.result is not None:
+            update |= {page.race_state: frame.result, page.run_state: frame.result.shown[frame.result.focus]}
+        last_push, last_phase = now, frame.phase
+        yield update
 
 
 # ----------------------------------------------------------------------------- after a run
@@ -263,6 +273,7 @@ def after_run(page: Page, values: dict) -> dict:
         **dict(zip(page.stats_plots, views.stats_figures(run, result, look))),
         page.banner_md: views.learn_banner(run, result),
         **dict(zip(page.step_mds, render_steps(page.steps, run, result))),
+        **dict(zip(page.learn_plots, views.learn_figures(run, result, look))),
         page.run_download: gr.DownloadButton(value=run_file, interactive=run_file is not None),
         page.race_download: gr.DownloadButton(value=race_file, interactive=race_file is not None),
     }
@@ -274,7 +285,8 @@ def redraw(page: Page, values: dict) -> dict:
     view = views.round_view(run, int(values[page.slider]) - 1, look)
     return {page.tree_plot: view.tree, page.mask_plot: view.mask,
             page.race_plot: charts.race_figure(result, look=look),
-            **dict(zip(page.stats_plots, views.stats_figures(run, result, look)))}
+            **dict(zip(page.stats_plots, views.stats_figures(run, result, look))),
+            **dict(zip(page.learn_plots, views.learn_figures(run, result, look)))}
 
 
 # ----------------------------------------------------------------------------- rounds
@@ -335,7 +347,7 @@ def switch_model(name: str, previous: str, method: str) -> tuple:
             gr.Dropdown(choices=list(model.trees), value=model.default_tree),
             format_choices(model.trees[model.default_tree]),
             gr.Radio(choices=lanes.choices(drafters), value=method if method in drafters else drafters[0]),
-            gr.CheckboxGroup(choices=lanes.choices(drafters, short=True), value=drafters))
+            gr.CheckboxGroup(choices=lanes.choices(drafters, short=True), value=default_lanes(drafters)))
 
 
 def drafter_controls(method: str) -> tuple:
@@ -376,19 +388,16 @@ def trace_api(prompt: str, max_new_tokens: int = DecodeSettings.max_new_tokens, 
     (plain decoding); `draft_tokens` is the draft model's tokens a round, `lookup_tokens` the most
     tokens prompt lookup copies. `tree` is a preset name, "default", or a choices list as JSON
     (Medusa only); `num_heads` 0 uses all heads; `model` "" uses the page's default model, and any
-    other value must be a model the page offers; `seed` -1 draws a fresh one.
+    other value must be a model the page offers; `seed` -1 draws a fresh one. The page's limits
+    (decoding.limits) apply, as they do to a visitor's Run.
     """
     try:
         mm = cache.get(require_offered(model or offered_models()[0]))
-        method = check_method(mm, method, plain=True)
-        medusa = method == "medusa"
-        spec = tree if not medusa or tree == "default" or tree in mm.trees else parse_tree_json(tree)
-        settings = DecodeSettings(method=method, max_new_tokens=whole(max_new_tokens, "max_new_tokens"),
-                                  acceptance=acceptance, temperature=float(temperature), tree=spec,
-                                  num_heads=(int(num_heads) or None) if medusa else None,
-                                  seed=None if seed < 0 else int(seed),
-                                  draft_tokens=whole(draft_tokens, "draft_tokens"),
-                                  lookup_tokens=whole(lookup_tokens, "lookup_tokens"))
-        return generate(mm, prompt, settings).to_dict()
+        if isinstance(tree, str) and not tree.lstrip().startswith("[") and tree not in ("default", *mm.trees):
+            raise DecodingError(f"unknown tree {tree!r}; known trees: {', '.join(mm.trees)}")
+        request = api_request(prompt, mm.name, tree, max_new_tokens=max_new_tokens, acceptance=acceptance,
+                              temperature=temperature, seed=int(seed), num_heads=num_heads, method=method,
+                              draft_tokens=draft_tokens, lookup_tokens=lookup_tokens)
+        return generate(mm, prompt, decode_settings(mm, request)).to_dict()
     except DecodingError as e:
         raise refusal(e) from e

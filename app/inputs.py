@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from decoding import available_drafters
 from decoding.errors import DecodingError
+from decoding.limits import PAGE_LIMITS, check_page_limits, tree_problem, tree_text_problem
 from decoding.model import MedusaModel
 from decoding.settings import DecodeSettings
 from decoding.tree import Tree
@@ -44,7 +45,11 @@ class RunRequest:
 
 
 def parse_tree_json(text: str) -> list[list[int]]:
-    """The tree editor's text as a choices list, or DecodingError saying where it is malformed."""
+    """The tree editor's text as a choices list, or DecodingError saying where it is malformed
+    (or that it is too long to read: see decoding.limits)."""
+    problem = tree_text_problem(text)
+    if problem:
+        raise DecodingError(problem)
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
@@ -59,7 +64,11 @@ def format_choices(choices: list[list[int]]) -> str:
 def checked_tree(choices: object, preset_choices: list[list[int]] | None, model_heads: int,
                  num_heads: int) -> Tree:
     """The tree a run would verify: a preset is cut to the heads in use, as the engine cuts it;
-    an edited tree must fit the model's heads, then it is cut the same way."""
+    an edited tree must fit the model's heads and the page's size limit, then it is cut the same
+    way. The size is checked first: a pasted 10,000-path tree is refused before it is built."""
+    problem = tree_problem(len(choices)) if isinstance(choices, list) else None
+    if problem:
+        raise DecodingError(problem)
     if choices != preset_choices:
         Tree.from_choices(choices, model_heads)
     return Tree.pruned(choices, num_heads, "custom")
@@ -111,15 +120,18 @@ def decode_settings(model: MedusaModel, request: RunRequest, methods: list[str] 
     """The visitor's choices as engine settings for `methods` (default: the Playground's drafter),
     all of which the model must offer; the first is the settings' method. Validated: DecodingError
     if anything is off. The tree is read only where Medusa runs: a half-edited tree never blocks a
-    draft model or prompt lookup."""
+    draft model or prompt lookup. The page's limits (decoding.limits) apply: the prompt's
+    length, the tokens a run writes, the tree's size and the run's time."""
     methods = [check_method(model, method, plain=True) for method in (methods or [request.method])]
     medusa = "medusa" in methods
     heads = int(request.num_heads) or model.num_heads
     if medusa and not 1 <= heads <= model.num_heads:
         raise DecodingError(f"{model.name} has {model.num_heads} heads: use 1 to {model.num_heads}")
     seed = request.seed
+    max_new_tokens = whole(request.max_new_tokens, "max_new_tokens")
+    check_page_limits(request.prompt, max_new_tokens, None)
     settings = DecodeSettings(
-        method=methods[0], max_new_tokens=whole(request.max_new_tokens, "max_new_tokens"),
+        method=methods[0], max_new_tokens=max_new_tokens,
         acceptance=request.acceptance,
         temperature=float(request.temperature), epsilon=float(request.epsilon), delta=float(request.delta),
         seed=None if seed is None or seed < 0 else int(seed),
@@ -127,9 +139,18 @@ def decode_settings(model: MedusaModel, request: RunRequest, methods: list[str] 
         num_heads=heads if medusa else None,
         draft_tokens=whole(request.draft_tokens, "draft_tokens"),
         lookup_tokens=whole(request.lookup_tokens, "lookup_tokens"),
+        time_limit=PAGE_LIMITS.run_seconds,
     )
     settings.validate()
     return settings
+
+
+def api_request(prompt: str, model: str, tree: str, **fields: object) -> RunRequest:
+    """A `/trace` call as the page's request: `tree` is a preset name, "default" (the model's
+    own) or a choices list as JSON, which is checked as the tree editor's text is."""
+    json_tree = isinstance(tree, str) and tree.lstrip().startswith("[")
+    return RunRequest(prompt=prompt, model=model, preset="" if json_tree else tree,
+                      tree_text=tree if json_tree else "", **fields)
 
 
 def race_lanes(model: MedusaModel, request: RunRequest) -> list[str]:

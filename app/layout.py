@@ -6,8 +6,9 @@ or Race scrolls them to the top. The settings live in a sidebar that starts clos
 screens and in projector mode.
 
 Every event that runs the model shares one concurrency id (`MODEL_QUEUE`, limit 1): visitors
-queue for the model and none is dropped. Only `/trace` is a public API endpoint; every other
-event is private (`api_visibility="private"`), so the API page lists what the README documents.
+queue for the model, up to `PAGE_LIMITS.queue_size` waiting (see decoding.limits). Only
+`/trace` is a public API endpoint; every other event is private (`api_visibility="private"`),
+so the API page lists what the README documents.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import gradio as gr
 
 from decoding import available_drafters
+from decoding.limits import PAGE_LIMITS
 from decoding.model import MedusaModel
 from decoding.prompts import example_prompts
 from decoding.settings import DecodeSettings
@@ -28,10 +30,10 @@ from .gpu import ON_ZERO_GPU, gpu
 from .handlers import Page
 from .inputs import describe_tree, format_choices
 from .models import missing_models, model_choices, warm_up
-from .race import DEFAULT_RACES, MAX_RACES
+from .race import DEFAULT_RACES, MAX_RACES, default_lanes
 from .race_views import RACE_IDLE
 from .text import Step, load_steps, load_text, render_steps
-from .views import learn_banner, model_card, stats_figures, stats_text, stream_view
+from .views import learn_banner, learn_figures, model_card, stats_figures, stats_text, stream_view
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 MODEL_QUEUE = "model"
@@ -159,7 +161,7 @@ def build_demo() -> gr.Blocks:
                     speed_plot = gr.Plot(empty[2], show_label=False)
             with gr.Tab("Learn", id="learn"):
                 banner_md = gr.Markdown(learn_banner(None, None))
-                step_mds = _walkthrough(steps, tabs)
+                step_mds, learn_plots = _walkthrough(steps, tabs)
             with gr.Tab("Export", id="export"):
                 gr.Markdown(load_text("export_note.md"))
                 with gr.Row():
@@ -176,7 +178,8 @@ def build_demo() -> gr.Blocks:
             projector=projector, width=width, tabs=tabs, run_state=run_state, race_state=race_state,
             stats_md=stats_md, stats_plots=[hist_plot, heads_plot, speed_plot], banner_md=banner_md,
             step_mds=step_mds, run_download=run_dl, race_download=race_dl, playing=playing, timer=timer,
-            steps=steps, **playground, **{k: v for k, v in race_tab.items() if k not in ("races", "lanes")},
+            steps=steps, learn_plots=learn_plots, **playground,
+            **{k: v for k, v in race_tab.items() if k not in ("races", "lanes")},
         )
         _wire_runs(page, run_btn, race_btn)
         _wire_rounds(page)
@@ -185,10 +188,13 @@ def build_demo() -> gr.Blocks:
         tabs.change(None, js=RESIZE_PLOTS, **PRIVATE)
         projector.change(None, projector, None, js=TOGGLE_PROJECTOR, **PRIVATE)
         projector.change(_handler(handlers.redraw, page), {run_state, race_state, page.slider, projector, width},
-                         [page.tree_plot, page.mask_plot, page.race_plot, *page.stats_plots], **PRIVATE)
+                         [page.tree_plot, page.mask_plot, page.race_plot, *page.stats_plots, *page.learn_plots],
+                         **PRIVATE)
         gr.api(gpu(handlers.trace_api), api_name="trace", concurrency_id=MODEL_QUEUE, concurrency_limit=1)
     # Redrawing events may run side by side; model work has its own queue of one (MODEL_QUEUE).
-    return demo.queue(default_concurrency_limit=8)
+    # The queue is bounded: a crowd waits in line (each visitor sees its place), and past
+    # PAGE_LIMITS.queue_size the next visitor is told the page is busy rather than piling up.
+    return demo.queue(default_concurrency_limit=8, max_size=PAGE_LIMITS.queue_size)
 
 
 def _playground_tab() -> dict:
@@ -225,7 +231,7 @@ def _drafter_controls(model: MedusaModel) -> dict:
     controls["preset"] = gr.Dropdown(list(model.trees), value=model.default_tree, label="Tree preset",
                                      elem_id="tree-preset", visible=medusa)
     controls["tree_text"] = gr.Code(format_choices(model.trees[model.default_tree]), language="json",
-                                    label="Tree (Medusa choices: one path of ranks per node)", lines=6,
+                                    label="Tree: one path of ranks per node", lines=6,
                                     max_lines=12, elem_id="tree-json", visible=medusa)
     controls["tree_status"] = gr.Markdown(describe_tree(controls["tree_text"].value, model.trees[model.default_tree],
                                                         model.num_heads, model.num_heads),
@@ -245,7 +251,7 @@ def _race_tab(tabs: gr.Tabs, drafters: list[str]) -> dict:
     with gr.Row(equal_height=True):
         races = gr.Slider(1, MAX_RACES, value=DEFAULT_RACES, step=1, precision=0, scale=3,
                           label="Races (which lane runs first rotates, after a warm-up)", elem_id="race-count")
-        lanes_box = gr.CheckboxGroup(lanes.choices(drafters, short=True), value=drafters, scale=3,
+        lanes_box = gr.CheckboxGroup(lanes.choices(drafters, short=True), value=default_lanes(drafters), scale=3,
                                      elem_id="race-lanes-picker",
                                      label="Lanes beside plain decoding")
         why = gr.Button("Why this speedup? See the Stats tab →", scale=1, elem_id="why-speedup")
@@ -295,6 +301,8 @@ def _wire_rounds(page: Page) -> None:
     """Stepping through a finished run's rounds: slider, buttons, Play, and clicks on the stream."""
     inputs = {page.run_state, page.slider, page.projector, page.width}
     outputs = page.round_views()
+    # A step takes a fraction of a second: a "processing" badge on every panel would only flicker.
+    quiet = dict(show_progress="hidden", **PRIVATE)
 
     def show(values: dict) -> dict:
         return handlers.show_round(page, values, int(values[page.slider]) - 1)
@@ -308,13 +316,13 @@ def _wire_rounds(page: Page) -> None:
     def clicked(values: dict, event: gr.EventData) -> dict:
         return handlers.jump_to_round(page, values, event)
 
-    page.slider.release(show, inputs, outputs, **PRIVATE)
-    page.prev_button.click(previous, inputs, outputs, **PRIVATE)
-    page.next_button.click(following, inputs, outputs, **PRIVATE)
-    page.stream_box.click(clicked, inputs, outputs, **PRIVATE)
+    page.slider.release(show, inputs, outputs, **quiet)
+    page.prev_button.click(previous, inputs, outputs, **quiet)
+    page.next_button.click(following, inputs, outputs, **quiet)
+    page.stream_box.click(clicked, inputs, outputs, **quiet)
     play_outputs = [*outputs, page.playing, page.timer, page.play_button]
-    page.play_button.click(_handler(handlers.toggle_play, page), inputs | {page.playing}, play_outputs, **PRIVATE)
-    page.timer.tick(_handler(handlers.play_tick, page), inputs, play_outputs, **PRIVATE)
+    page.play_button.click(_handler(handlers.toggle_play, page), inputs | {page.playing}, play_outputs, **quiet)
+    page.timer.tick(_handler(handlers.play_tick, page), inputs, play_outputs, **quiet)
 
 
 def _wire_settings(page: Page, model_dd: gr.Dropdown, current_model: gr.State, model_md: gr.Markdown,
@@ -344,14 +352,21 @@ def _wire_settings(page: Page, model_dd: gr.Dropdown, current_model: gr.State, m
     example_dd.change(pick_example, example_dd, [request["prompt"], model_dd], **PRIVATE)
 
 
-def _walkthrough(steps: list[Step], tabs: gr.Tabs) -> list[gr.Markdown]:
-    """The Learn steps, each with a button that takes you to the live figure it explains."""
-    step_mds = []
+def _walkthrough(steps: list[Step], tabs: gr.Tabs) -> tuple[list[gr.Markdown], list[gr.Plot]]:
+    """The Learn steps, each with a button that takes you to the live figure it explains; a step
+    with a figure of its own (the measured cost of a pass) draws it beside its text."""
+    step_mds, plots = [], []
     initial = render_steps(steps, None, None)
+    figures = iter(learn_figures(None, None))
     with gr.Walkthrough(selected=0) as walkthrough:
         for i, (step, text) in enumerate(zip(steps, initial)):
             with gr.Step(step.label, id=i):
-                step_mds.append(gr.Markdown(text, elem_id=f"learn-step-{i + 1}"))
+                if step.figure:
+                    with gr.Row(elem_classes="learn-with-figure"):
+                        step_mds.append(gr.Markdown(text, elem_id=f"learn-step-{i + 1}"))
+                        plots.append(gr.Plot(next(figures), show_label=False, elem_id=f"learn-{step.figure}"))
+                else:
+                    step_mds.append(gr.Markdown(text, elem_id=f"learn-step-{i + 1}"))
                 with gr.Row():
                     if i > 0:
                         gr.Button("◀ Back", size="sm", scale=0).click(
@@ -364,7 +379,7 @@ def _walkthrough(steps: list[Step], tabs: gr.Tabs) -> list[gr.Markdown]:
                     if i < len(steps) - 1:
                         gr.Button("Next ▶", size="sm", scale=0).click(
                             lambda i=i: gr.Walkthrough(selected=i + 1), None, walkthrough, **PRIVATE)
-    return step_mds
+    return step_mds, plots
 
 
 def launch_options() -> dict:

@@ -20,8 +20,8 @@ MEDUSA = "#4F46E5"
 DRAFT_MODEL = "#C2410C"  # the race's other lanes
 PROMPT_LOOKUP = "#0891B2"
 INK = "#0F172A"  # text
-INK_FADED = "#94A3B8"  # text of rejected nodes
-INK_FADED_STRONG = "#64748B"  # the same on a projector, which washes out pale greys
+INK_FADED = "#64748B"  # text of rejected nodes: quieter than INK, still readable on a crowded tree
+INK_FADED_STRONG = "#475569"  # the same on a projector, which washes out pale greys
 REJECTED_STRONG = "#94A3B8"
 FONT = "Inter, ui-sans-serif, system-ui, sans-serif"
 

@@ -9,7 +9,7 @@ How the timing is taken (the page says so too, from assets/texts/timing_note.md)
 3. each lane's speedup in a race is its tokens per second over plain decoding's in that same race
    (see `decoding.stats`); over the races, a median and a range per lane;
 4. the race whose speedup for the focus lane is that lane's median is replayed, every lane on
-   one clock.
+   one clock (sped up, every lane alike, to end within REPLAY_SECONDS).
 No two lanes ever run at the same moment, and the page is not redrawn while one runs: on a laptop
 the browser shares the CPU, and a lane measured while the page redraws would be measured under a
 load the others never had.
@@ -31,9 +31,22 @@ from decoding.trace import RunTrace
 
 PLAIN = "ar"
 REPLAY_STEP = 0.05  # seconds between frames of the replay
-WARM_UP_TOKENS = 4
+REPLAY_SECONDS = 5.0  # a longer race is replayed faster, every lane at the same pace, to end in this time
+WARM_UP_TOKENS = 8  # as `bench` warms up, so the race measures what bench measures
 DEFAULT_RACES = 3
 MAX_RACES = 7
+
+
+def replay_pace(seconds: float) -> float:
+    """How many times real speed the replay of a `seconds`-long race runs: 1 up to REPLAY_SECONDS,
+    then fast enough to end in REPLAY_SECONDS (a class has already waited for the measuring)."""
+    return max(1.0, seconds / REPLAY_SECONDS)
+
+
+def default_lanes(drafters: list[str]) -> list[str]:
+    """The lanes ticked before the visitor picks: Medusa's heads alone beside plain decoding where
+    the model has them (the lesson, in half the wait of every lane); the others on request."""
+    return ["medusa"] if "medusa" in drafters else drafters[:1]
 
 
 def lane_order(lanes: list[str], index: int) -> list[str]:
@@ -109,6 +122,9 @@ class RaceFrame:
     measuring: str = ""  # the lane running while measuring
     result: RaceResult | None = None  # set once every race is measured
     clock: float = 0.0  # seconds on the replayed race's clock
+    done: dict[str, int] = field(default_factory=dict)  # runs measured so far, per lane
+    elapsed: float = 0.0  # wall-clock seconds since the first measured run began
+    pace: float = 1.0  # the replay's speed, in times real time
 
     @property
     def shown(self) -> dict[str, RunTrace]:
@@ -132,17 +148,21 @@ def race(model: MedusaModel, prompt: str, settings: DecodeSettings, drafters: li
         generate(model, prompt, dataclasses.replace(warm, max_new_tokens=min(WARM_UP_TOKENS, settings.max_new_tokens)))
 
     result = RaceResult(lanes, focus if focus in drafters else drafters[0])
+    done, started = dict.fromkeys(lanes, 0), time.perf_counter()
     for index in range(races):
         runs = {}
         for lane in lane_order(lanes, index):
-            yield RaceFrame("measuring", races, lanes, index, lane)
+            yield RaceFrame("measuring", races, lanes, index, lane, done=dict(done),
+                            elapsed=time.perf_counter() - started)
             runs[lane] = generate(model, prompt, methods[lane])
+            done[lane] += 1
         result.races.append(runs)
 
     end = max(trace.total_time for trace in result.shown.values())
+    pace = replay_pace(end)
     clock, started = 0.0, time.perf_counter()
     while clock < end:
-        yield RaceFrame("replaying", races, lanes, races, result=result, clock=clock)
-        time.sleep(min(REPLAY_STEP, end - clock))
-        clock = min(time.perf_counter() - started, end)
+        yield RaceFrame("replaying", races, lanes, races, result=result, clock=clock, pace=pace)
+        time.sleep(min(REPLAY_STEP, (end - clock) / pace))
+        clock = min((time.perf_counter() - started) * pace, end)
     yield RaceFrame("done", races, lanes, races, result=result, clock=end)

@@ -26,14 +26,32 @@ def race_status(frame: RaceFrame) -> str:
         return f"Warming up {count} lanes (a short run of each), then {frame.races} race(s)…"
     if frame.phase == "measuring":
         place = lane_order(frame.lanes, frame.finished).index(frame.measuring) + 1
-        run = frame.finished * count + place
+        run, runs = frame.finished * count + place, frame.races * count
         return (f"Race {frame.finished + 1} of {frame.races}: measuring **{lanes.title(frame.measuring)}** alone "
-                f"(lane {place} of {count} in this race; run {run} of {frame.races * count})… "
-                "(the page waits so it does not slow the run down)")
+                f"(lane {place} of {count} in this race; run {run} of {runs}){_time_left(frame, run - 1, runs)}… "
+                f"(the page waits so it does not slow the run down)  \n{_lane_progress(frame)}")
     if frame.phase == "replaying":
-        return "▶ Replaying the median race, every lane on its own measured clock, side by side."
+        pace = f" at {frame.pace:.1f}× real speed" if frame.pace > 1 else ""
+        return f"▶ Replaying the median race{pace}, every lane on its own measured clock, side by side."
     return (f"✓ Done: {frame.races} race(s) of {count} lanes after a warm-up, each lane measured alone, "
             "in an order that rotates from race to race.")
+
+
+def _time_left(frame: RaceFrame, finished: int, runs: int) -> str:
+    """About how long the rest takes, from the runs measured so far (nothing before the first)."""
+    if not finished or frame.elapsed <= 0:
+        return ""
+    left = frame.elapsed / finished * (runs - finished)
+    return f" · about {left:.0f} s left"
+
+
+def _lane_progress(frame: RaceFrame) -> str:
+    """Each lane's races: ● measured, ◐ running now, ○ still to run."""
+    def marks(lane: str) -> str:
+        done = frame.done.get(lane, 0)
+        running = int(lane == frame.measuring)
+        return "●" * done + "◐" * running + "○" * (frame.races - done - running)
+    return " · ".join(f"{lanes.title(lane)} {marks(lane)}" for lane in frame.lanes)
 
 
 def lane_note(lane: str, trace: RunTrace | None) -> str:

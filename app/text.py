@@ -1,8 +1,9 @@
 """Texts of the page: the Learn walkthrough (assets/explainer) and the fixed texts (assets/texts).
 
 Each step file starts with a `# Title` line, a `<!-- label: Short -->` line (the step's name in
-the step bar, where long titles would collide) and a `<!-- shows: VIEW -->` line naming the live
-view it explains; the rest is Markdown in which `{{name}}` is replaced by a number from the run
+the step bar, where long titles would collide), a `<!-- shows: VIEW -->` line naming the live
+view it explains and, if the step draws a figure of its own, a `<!-- figure: NAME -->` line;
+the rest is Markdown in which `{{name}}` is replaced by a number from the run
 (see `explainer_values`). Until a run exists, numbers show as "—". Every token quoted from a run
 is escaped (`md_code`): model output never becomes Markdown or HTML.
 """
@@ -15,7 +16,7 @@ from functools import cache
 from pathlib import Path
 
 from decoding.stats import rest_of_round_cost, round_cost, verify_cost
-from decoding.trace import RunTrace
+from decoding.trace import CostCurve, RunTrace
 
 from .charts import acceptance_by_depth
 from .drafter_costs import drafter_comparison
@@ -30,6 +31,11 @@ TEXTS_DIR = ASSETS / "texts"
 PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 COMMENT = re.compile(r"<!--\s*(\w+):\s*(.*?)\s*-->\n?")
 MISSING = "—"
+# Steps each token beyond the first adds to a pass. Under FLAT_PER_TOKEN the curve reads "nearly
+# flat" (bfloat16 on this project's CPU: 64 tokens cost 1.54 steps, 0.009 a token; a 7B model on a
+# GPU less still); float32 here adds 0.02-0.05 a token ("rising"); over STEEP_PER_TOKEN, "steep".
+FLAT_PER_TOKEN = 0.015
+STEEP_PER_TOKEN = 0.5
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,7 @@ class Step:
     label: str
     shows: str  # the view this step points at: "race", "stream", "tree", "mask", "stats", ...
     template: str
+    figure: str = ""  # a figure drawn in the step itself: "cost-curve" (see charts.cost_curve_figure)
 
 
 def load_steps(directory: Path = EXPLAINER_DIR) -> list[Step]:
@@ -49,7 +56,8 @@ def load_steps(directory: Path = EXPLAINER_DIR) -> list[Step]:
         body = "\n".join(lines[1:])
         notes = dict(COMMENT.findall(body))
         template = f"### {title}\n\n" + COMMENT.sub("", body).strip()
-        steps.append(Step(title, notes.get("label", title), notes.get("shows", ""), template))
+        steps.append(Step(title, notes.get("label", title), notes.get("shows", ""), template,
+                          notes.get("figure", "")))
     return steps
 
 
@@ -143,6 +151,49 @@ def race_values(race: RaceResult) -> dict[str, str]:
     }
 
 
+def measured_curve(run: RunTrace | None, race: RaceResult | None) -> CostCurve | None:
+    """The cost of a T-token pass on the loaded model, as the engine measured it: from the last
+    run, else from any run of the last race (it is the model's, whichever drafter ran)."""
+    traces = [run] if run is not None else []
+    if race is not None:
+        traces += [trace for runs in race.races for trace in runs.values()]
+    return next((trace.cost_curve for trace in traces if trace.cost_curve is not None), None)
+
+
+def _steps(cost: float) -> str:
+    return f"{cost:.2f} step{'' if f'{cost:.2f}' == '1.00' else 's'}"
+
+
+def curve_values(curve: CostCurve | None, tree_nodes: int | None) -> dict[str, str]:
+    """What the measured cost curve says, in words: the pass costs it found, and where it is
+    flat or steep. Without a curve, that it was not measured (never a number it did not see)."""
+    if curve is None:
+        return {"cost_curve": "This run did not time passes of different sizes on this machine, so the "
+                              "figure is empty; the Race tab's round costs measure the same thing.",
+                "curve_tree_cost": ""}
+    points = [(size, cost) for size, cost in zip(curve.sizes, curve.costs) if size > 1]
+    sampled = points if len(points) <= 4 else [points[0], points[len(points) // 3],
+                                               points[2 * len(points) // 3], points[-1]]
+    said = [f"over {size} tokens {cost:.2f}" for size, cost in sampled]
+    said[0] = f"a pass over {sampled[0][0]} tokens cost {sampled[0][1]:.2f} one-token steps" if sampled else ""
+    listed = said[0] if len(said) < 2 else ", ".join(said[:-1]) + " and " + said[-1]
+    largest, cost = points[-1] if points else (2, 1.0)
+    per_token = (cost - 1) / (largest - 1)  # what each token beyond the first adds, in steps
+    shape = ("nearly flat: checking many guesses costs about one pass, the regime Medusa is built for"
+             if per_token < FLAT_PER_TOKEN else
+             "steep: almost every extra token costs a step of its own, so only the smallest trees can pay"
+             if per_token > STEEP_PER_TOKEN else
+             "rising: each extra guess costs real time here, so small trees win")
+    values = {"cost_curve": (f"On this machine ({md_text(curve.device)}, {md_text(curve.dtype)}, {curve.threads} "
+                             f"thread{'s' if curve.threads != 1 else ''}; one step {curve.step_seconds * 1e3:.1f} ms), "
+                             f"measured on the loaded model, {listed}: the curve is **{shape}**."),
+              "curve_tree_cost": ""}
+    if tree_nodes:
+        values["curve_tree_cost"] = (f" The curve in step 1 puts a {tree_nodes}-token pass at "
+                                     f"{_steps(curve.cost(tree_nodes))}.")
+    return values
+
+
 def walkthrough_run(run: RunTrace | None, race: RaceResult | None) -> RunTrace | None:
     """The Medusa run the walkthrough reads: the last run if it used the heads, else the race's
     median Medusa lane, else none (the steps explain the heads, not another drafter)."""
@@ -159,6 +210,11 @@ def explainer_values(run: RunTrace | None, race: RaceResult | None) -> dict[str,
     if race is not None and "medusa" in race.lanes:
         values |= race_values(race)
     values["drafter_comparison"] = drafter_comparison(race)
+    tree_nodes = medusa.tree.size if medusa is not None and medusa.tree is not None else None
+    if run is None and race is None:
+        values |= {"cost_curve": "Press **Run** to see what a pass costs on this machine.", "curve_tree_cost": ""}
+    else:
+        values |= curve_values(measured_curve(run, race), tree_nodes)
     return values
 
 

@@ -37,11 +37,21 @@ def figure_text(text: str, max_chars: int | None = None) -> str:
 _MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+!|~>-])")
 
 
+def _code_char(ch: str) -> str:
+    """One character of a code span: `<`, `>`, `&` as HTML entities, Markdown syntax as numeric
+    entities, anything else (quotes included: this is element text, not an attribute) as itself.
+    Escaping character by character keeps one escape from being escaped again (`'` once showed
+    as `&#x27;`)."""
+    if ch in "<>&":
+        return html.escape(ch)
+    return f"&#{ord(ch)};" if _MARKDOWN_SPECIAL.fullmatch(ch) else ch
+
+
 def md_code(text: str, max_chars: int | None = None) -> str:
     """A token inside Markdown, as an HTML code span: whitespace drawn, everything escaped, so
     no token (backticks, `<img ...>`, `**`) can change the page around it."""
-    shown = html.escape(token_label(text, max_chars) if max_chars else visible(text))
-    return f"<code>{_MARKDOWN_SPECIAL.sub(lambda m: f'&#{ord(m.group(1))};', shown)}</code>"
+    shown = token_label(text, max_chars) if max_chars else visible(text)
+    return f"<code>{''.join(_code_char(ch) for ch in shown)}</code>"
 
 
 def md_text(text: str) -> str:

@@ -22,7 +22,8 @@ from .tree_layout import leaf_count, tidy_layout
 
 ROW_PX = 24  # vertical room per tree row (one leaf) when there is room for it
 MIN_ROWS = 8
-TREE_MAX_PX = 560  # a taller tree is squeezed (smaller labels) and read by zooming
+TREE_MAX_PX = 700  # a taller tree is squeezed (smaller labels) and read by zooming
+MIN_LABEL_PX = 10  # a guess label any smaller is unreadable at laptop distance
 MASK_MAX_PX = 560
 TREE_MARGIN_PX = 90  # title and column headings
 SHORT_HEADINGS_PAST = 6  # deeper trees (a long lookup chain) get short column headings: "c7", not "copy 7"
@@ -103,9 +104,9 @@ def _edge_trace(points: list[tuple[tuple[float, float], tuple[float, float]]], *
 
 
 def _label_size(tree: TreeTrace, height: int, look: Look) -> int:
-    """Label font size that fits the rows (at most 12 px at laptop scale, never under 8 px)."""
+    """Label font size that fits the rows (at most 12 px at laptop scale, never under MIN_LABEL_PX)."""
     pitch = (height - TREE_MARGIN_PX * look.scale) / max(leaf_count(tree.parents), 1)
-    return round(max(8.0, min(12.0 * look.scale, pitch * 0.8)))
+    return round(max(MIN_LABEL_PX * look.scale, min(12.0 * look.scale, pitch * 0.8)))
 
 
 def tree_figure(tree: TreeTrace, rnd: RoundTrace, look: Look = LAPTOP) -> go.Figure:
@@ -151,7 +152,10 @@ def tree_figure(tree: TreeTrace, rnd: RoundTrace, look: Look = LAPTOP) -> go.Fig
         showlegend=False,  # the column headings, in each head's colour, are the key
         dragmode=look.dragmode,
     )
-    return base_layout(fig, height=height, look=look, uirevision=f"tree-{tree.name}-{tree.size}")
+    fig = base_layout(fig, height=height, look=look, uirevision=f"tree-{tree.name}-{tree.size}")
+    # Room for the title above the column headings at any scale (on a projector they collided).
+    fig.update_layout(margin=dict(l=10, r=10, t=round(50 * look.scale), b=10))
+    return fig
 
 
 def tree_title(tree: TreeTrace, rnd: RoundTrace) -> str:
@@ -241,8 +245,18 @@ def _add_next_token(fig: go.Figure, tree: TreeTrace, rnd: RoundTrace, pos: dict[
 
 # ----------------------------------------------------------------------------- attention mask
 
+MASK_MARGIN_PX = 100  # the mask's title, column numbers and key
+
+
 def mask_height(tree: TreeTrace, look: Look = LAPTOP) -> int:
-    return round(min(220 + 9 * tree.size, MASK_MAX_PX) * look.scale)
+    """The mask figure's height: its square of cells and margins, no taller (a square bound by its
+    column's width would otherwise float in empty space, its key far below it)."""
+    return round(mask_plot_px(tree, look) + MASK_MARGIN_PX * look.scale)
+
+
+def _mask_room_px(tree: TreeTrace, look: Look) -> float:
+    """The tallest the mask's cells may be: a row of pixels per node, within MASK_MAX_PX."""
+    return min(220 + 9 * tree.size, MASK_MAX_PX) * look.scale - MASK_MARGIN_PX * look.scale
 
 
 def mask_label(rnd: RoundTrace, node: int, look: Look = LAPTOP) -> str:
@@ -266,7 +280,7 @@ def mask_plot_px(tree: TreeTrace, look: Look = LAPTOP) -> float:
     """About how many pixels the mask's square of cells spans: the figure's height less its
     margins, or its column's width where that is smaller (the mask shares the row with the tree,
     and on a laptop the settings sidebar takes its width)."""
-    height = mask_height(tree, look) - 100 * look.scale
+    height = _mask_room_px(tree, look)
     content = look.width - 80 - (0 if look.projector or look.width < SIDEBAR_CLOSED_BELOW else SIDEBAR_PX)
     column = content if look.projector or look.narrow else content * MASK_SHARE
     return max(50.0, min(height, column - 110 * look.scale))  # less the row labels
@@ -292,6 +306,11 @@ def _mask_hover(tree: TreeTrace, tokens: list[str], row: int, col: int) -> str:
         why = "the root" if col == 0 else "its ancestor"
         return f"node {row} '{tokens[row]}' sees node {col} '{tokens[col]}': {why}"
     return f"node {row} '{tokens[row]}' cannot see node {col} '{tokens[col]}': another branch"
+
+
+# Short enough for the narrowest mask column (a phone, or the laptop's half row).
+MASK_KEY = (f'<span style="color:{ALLOWED}">■</span> may attend · <span style="color:{ACCEPTED}">■</span> '
+            f'accepted rows · <span style="color:#CBD5E1">■</span> blocked')
 
 
 def mask_figure(tree: TreeTrace, rnd: RoundTrace, look: Look = LAPTOP) -> go.Figure:
@@ -321,7 +340,7 @@ def mask_figure(tree: TreeTrace, rnd: RoundTrace, look: Look = LAPTOP) -> go.Fig
         title=dict(text=f"Attention mask · round {rnd.index + 1}", x=0.01, y=0.99, font=dict(size=look.font(15))),
         dragmode=look.dragmode,
     )
-    fig.add_annotation(text="blue: may attend · green: the accepted rows · pale: blocked", showarrow=False,
+    fig.add_annotation(text=MASK_KEY, showarrow=False,
                        x=0, y=-0.01, xref="paper", yref="paper", xanchor="left", yanchor="top",
                        font=dict(size=look.font(11)))
     fig = base_layout(fig, height=mask_height(tree, look), look=look, uirevision=f"mask-{tree.name}-{n}")

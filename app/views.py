@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 
 from decoding import available_drafters
+from decoding.limits import PAGE_LIMITS
 from decoding.model import MedusaModel
 from decoding.stats import round_cost, round_end_times, verify_cost
 from decoding.trace import RoundTrace, RunTrace
@@ -20,13 +21,14 @@ from . import charts, lanes
 from .figure_style import LAPTOP, Look, message_figure
 from .models import describe
 from .race import RaceResult
-from .text import walkthrough_run
+from .text import measured_curve, walkthrough_run
 from .tokens import legend_html, md_code, md_text, stream_html
 from .tree_figures import mask_figure, next_token_text, tree_figure
 from .tree_layout import leaf_count
 
 STOP_REASONS = {"max_new_tokens": "reached Max new tokens", "eos": "the model ended its text",
-                "context_limit": "the context is full"}
+                "context_limit": "the context is full",
+                "time_limit": f"reached this page's time limit ({PAGE_LIMITS.run_seconds:.0f} s a run)"}
 
 
 def model_card(model: MedusaModel) -> str:
@@ -57,10 +59,21 @@ def run_summary(trace: RunTrace, first_round_after: float | None = None) -> str:
     tokens = len(trace.tokens)
     draft_passes = sum(rnd.draft_passes for rnd in trace.rounds)
     own = f" + {draft_passes} passes of the draft model" if draft_passes else ""
+    if finished(trace):
+        timing = f"{trace.total_time:.2f} s measured ({trace.tokens_per_second:.0f} tokens/s)"
+    else:  # the total is only read at the end: until then, the clock at the last round
+        so_far = round_end_times(trace)[-1]
+        timing = f"{so_far:.2f} s so far" + (f" ({tokens / so_far:.0f} tokens/s)" if so_far > 0 else "")
     return (f"{lanes.title(trace.settings.method)} · **{tokens} tokens in {trace.forward_passes} passes** "
             f"(1 prefill + {len(trace.rounds)} rounds{own}) · "
-            f"**{trace.mean_accepted:.2f} tokens per pass** · {trace.total_time:.2f} s measured "
-            f"({trace.tokens_per_second:.0f} tokens/s) · {state}{latency}")
+            f"**{trace.mean_accepted:.2f} tokens per pass** · {timing} · {state}{latency}")
+
+
+def refusal_text(error: Exception, what: str = "run", earlier: bool = False) -> str:
+    """The status line of a run (or race) that could not start or stopped on an error; `earlier`:
+    the figures below still show the one before."""
+    note = f" What is shown below is still your last {'run' if what == 'run' else 'race'}." if earlier else ""
+    return f"⚠ **Not {what}:** {md_text(str(error))}.{note}"
 
 
 def drafting_text(trace: RunTrace, rnd: RoundTrace) -> str:
@@ -188,7 +201,26 @@ def stats_figures(run: RunTrace | None, race: RaceResult | None, look: Look = LA
             charts.speed_figure(run, race, look))
 
 
+SMALL_MODEL_NOTE = ("  \n<small>A small model like this one states false facts with confidence. Medusa changes "
+                    "how fast it writes, never what it says: with greedy acceptance, its text is plain "
+                    "decoding's, token for token.</small>")
+
+
 def learn_banner(run: RunTrace | None, race: RaceResult | None) -> str:
+    return _learn_source(run, race) + SMALL_MODEL_NOTE
+
+
+def learn_figures(run: RunTrace | None, race: RaceResult | None, look: Look = LAPTOP) -> list[go.Figure]:
+    """The walkthrough's own figures, in step order: the measured cost of a T-token pass."""
+    if run is None and race is None:
+        return [message_figure("Press Run: what a pass over T tokens<br>costs on this machine appears here.",
+                               look, height=260)]
+    medusa = walkthrough_run(run, race)
+    nodes = medusa.tree.size if medusa is not None and medusa.tree is not None else None
+    return [charts.cost_curve_figure(measured_curve(run, race), nodes, look)]
+
+
+def _learn_source(run: RunTrace | None, race: RaceResult | None) -> str:
     if run is None:
         return "Press **Run** (and then **Race**): the numbers in these steps come from your own run."
     medusa = walkthrough_run(run, race)

@@ -12,10 +12,14 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import DecodingError
 from .fetch import WHEEL_MODELS
 from .settings import ACCEPTANCE_SCHEMES, METHODS, DecodeSettings
+
+if TYPE_CHECKING:
+    from .model import MedusaModel
 
 
 def parse_tree(value: str) -> str | list[list[int]]:
@@ -102,6 +106,17 @@ def _set_threads(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
 
 
+def _warn_past_page_limits(mm: MedusaModel, prompt: str, settings: DecodeSettings) -> None:
+    """The CLI runs what the page would refuse (the machine is the user's), but says so."""
+    from .limits import page_problems
+
+    tree = settings.tree if settings.tree != "default" else mm.default_tree
+    paths = (len(tree) if isinstance(tree, list) else len(mm.trees.get(tree, []))) \
+        if settings.method == "medusa" else None
+    for problem in page_problems(prompt, settings.max_new_tokens, paths):
+        print(f"warning: {problem}. The page would refuse this run; the command line runs it.", file=sys.stderr)
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from .generate import generate
     from .loading import load_model
@@ -113,6 +128,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     pack_linear=not args.no_pack, draft_model=args.draft_model,
                     with_draft=args.method == "draft-model", attention=args.attention)
     _remeasure(args, mm)
+    _warn_past_page_limits(mm, args.prompt, settings)
     trace = generate(mm, args.prompt, settings)
     if args.json:
         print(trace.to_json())

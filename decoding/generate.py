@@ -25,6 +25,7 @@ from .acceptance import Verdict, greedy_accept, sampling_distribution, speculati
 from .drafters import Drafter, Proposal, make_drafter
 from .errors import DecodingError
 from .kv_cache import compact_cache, new_cache
+from .limits import check_fits
 from .model import MedusaModel
 from .passes import decode_one_token, prefill, verify_tree
 from .settings import DecodeSettings
@@ -158,6 +159,20 @@ def _start(mm: MedusaModel, trace: RunTrace, clock: Stopwatch, logits: torch.Ten
     return token
 
 
+def _check_fits(mm: MedusaModel, prompt_ids: list[int], settings: DecodeSettings, tree_nodes: int) -> None:
+    """Refuse, before any pass, a run that would not fit in the memory the device has free."""
+    context = min(len(prompt_ids) + settings.max_new_tokens, mm.context_length)
+    check_fits(mm.model.config, mm.device, mm.dtype, tree_nodes, context)
+
+
+def _out_of_time(trace: RunTrace, clock: Stopwatch, settings: DecodeSettings) -> bool:
+    """Whether the run has used up its time limit (it then stops with what it wrote)."""
+    if settings.time_limit is None or clock.read() < settings.time_limit:
+        return False
+    trace.stop_reason = "time_limit"
+    return True
+
+
 def _hand_over(trace: RunTrace, clock: Stopwatch) -> Iterator[RunTrace]:
     """Yield the trace to the consumer with the clock stopped: its time is not decoding time."""
     clock.pause()
@@ -170,6 +185,7 @@ def _hand_over(trace: RunTrace, clock: Stopwatch) -> Iterator[RunTrace]:
 def autoregressive_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings) -> Iterator[RunTrace]:
     """One pass per token: the baseline Medusa must match (greedy) and beat (speed)."""
     prompt_ids = encode_prompt(mm, prompt)
+    _check_fits(mm, prompt_ids, settings, tree_nodes=1)
     trace = _new_trace(mm, prompt, prompt_ids, settings, drafter=None)
     generator = _make_generator(settings.seed)
     clock = Stopwatch(mm.device)
@@ -180,6 +196,8 @@ def autoregressive_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings
     produced = 1
     yield from _hand_over(trace, clock)
     while not trace.stop_reason:
+        if _out_of_time(trace, clock, settings):
+            break
         if cache.get_seq_length() + 1 > mm.context_length:
             trace.stop_reason = "context_limit"
             break
@@ -236,6 +254,7 @@ def speculative_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings) -
     """Draft a tree of guesses, verify it in one pass, accept, compact; repeat. Any drafter."""
     prompt_ids = encode_prompt(mm, prompt)
     drafter = make_drafter(mm, settings)
+    _check_fits(mm, prompt_ids, settings, drafter.tree.size)
     trace = _new_trace(mm, prompt, prompt_ids, settings, drafter)
     generator = _make_generator(settings.seed)
     clock = Stopwatch(mm.device)
@@ -248,6 +267,8 @@ def speculative_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings) -
     trace.drafter = drafter.info()
     yield from _hand_over(trace, clock)
     while not trace.stop_reason:
+        if _out_of_time(trace, clock, settings):
+            break
         past = cache.get_seq_length()
         # The root takes position `past` and a node at depth d position past + d. Near the end of
         # the context only the shallower nodes fit; plain decoding stops where no position is left.

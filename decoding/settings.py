@@ -37,6 +37,9 @@ class DecodeSettings:
     lookup_tokens: int = 10  # prompt-lookup: tokens copied at most each round (transformers' default)
     lookup_ngram: int = 2  # prompt-lookup: the longest n-gram matched (transformers' default)
     detailed_trace: bool = True
+    # Seconds of decoding after which the run stops where it is (stop reason "time_limit"); None:
+    # no limit. A shared page sets one so that no run holds the model for everyone else.
+    time_limit: float | None = None
 
     def validate(self) -> None:
         """Raise DecodingError with a message a user can act on."""
@@ -67,5 +70,7 @@ class DecodeSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DRAFT_TOKENS:
                 raise DecodingError(f"{name} must be a whole number from 1 to {MAX_DRAFT_TOKENS}, not {value!r}")
+        if self.time_limit is not None and not self.time_limit > 0:
+            raise DecodingError(f"time_limit must be a positive number of seconds, not {self.time_limit}")
         if self.seed is not None and not 0 <= self.seed < 2**64:  # what torch's generator takes
             raise DecodingError(f"seed must be a whole number from 0 to 2**64 - 1, not {self.seed}")

@@ -196,7 +196,7 @@ class RunTrace:
     prefill_token: int | None = None
     prefill_text: str = ""
     time_prefill: float = 0.0
-    stop_reason: str = ""  # "max_new_tokens", "eos" or "context_limit"
+    stop_reason: str = ""  # "max_new_tokens", "eos", "context_limit" or "time_limit"
     total_time: float = 0.0
     detailed: bool = True
     # Why the run is in `dtype` on this device, in a sentence ("bfloat16: the CPU's matrix units

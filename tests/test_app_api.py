@@ -6,16 +6,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import time
+from types import SimpleNamespace
 
 import pytest
 from gradio_client import Client
 
 from app.handlers import cache, switch_model, write_json
-from app.inputs import RunRequest, decode_settings, format_choices, race_lanes
+from app.inputs import RunRequest, decode_settings, describe_tree, format_choices, race_lanes
 from app.layout import DEFAULT_PROMPTS, build_demo, example_rows, launch_options
 from app.models import ModelCache, describe, offered_models, require_offered
 from app.screenshots import free_port
 from decoding.errors import DecodingError
+from decoding.limits import PAGE_LIMITS
 from decoding.prompts import example_prompts
 from decoding.tiny import make_tiny_model_dir
 from decoding.trace import RunTrace
@@ -27,16 +30,21 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def client(tiny_model_dir):
+def demo(tiny_model_dir):
     with pytest.MonkeyPatch.context() as env:
         env.setenv("MEDUSA_PLAYGROUND_MODEL", tiny_model_dir)
         demo = build_demo()
         demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(),
                     quiet=True, **launch_options())
         try:
-            yield Client(demo.local_url, verbose=False)
+            yield demo
         finally:
             demo.close()
+
+
+@pytest.fixture(scope="module")
+def client(demo):
+    return Client(demo.local_url, verbose=False)
 
 
 def test_only_the_documented_endpoint_is_public(client):
@@ -189,7 +197,9 @@ def test_switching_models_offers_the_new_models_drafters(client, tiny_model_dir)
     *_, method, lanes = switch_model(tiny_model_dir, tiny_model_dir, "draft-model")
     assert method.value == "draft-model" and [name for _, name in method.choices] == [
         "medusa", "draft-model", "prompt-lookup"]
-    assert lanes.value == ["medusa", "draft-model", "prompt-lookup"]
+    # Every drafter is offered; Medusa alone is ticked, so a first race is short (the rest on request).
+    assert [name for _, name in lanes.choices] == ["medusa", "draft-model", "prompt-lookup"]
+    assert lanes.value == ["medusa"]
 
 
 def test_each_example_prompt_comes_with_its_model():
@@ -301,3 +311,118 @@ def test_a_model_that_is_not_fetched_is_named_with_the_command_that_gets_it(monk
 def test_error_toasts_show_a_typed_tag_as_text(client):
     with pytest.raises(Exception, match="&lt;img src=x&gt;"):
         client.predict("It is", 4, "<img src=x>", api_name="/trace")
+
+
+# ----------------------------------------------------------------------------- the server's protection
+
+def ten_thousand_path_tree() -> str:
+    """The tree that took the server down: 10,000 paths, three deep at most."""
+    paths = [[i] for i in range(64)] + [[i, j] for i in range(64) for j in range(64)]
+    paths += [[i, j, k] for i in range(64) for j in range(64) for k in range(2)]
+    return json.dumps(paths[:10_000])
+
+
+def test_a_ten_thousand_node_tree_and_a_long_prompt_are_refused_at_once_and_others_are_served(client):
+    started = time.perf_counter()
+    huge_tree = client.submit("It is", 8, "greedy", ten_thousand_path_tree(), api_name="/trace")
+    long_prompt = client.submit("It is a truth " * 1500, 8, api_name="/trace")
+    other = client.submit("Mr. Darcy", 4, api_name="/trace")
+    with pytest.raises(Exception, match="the tree has 10001 nodes .*at most 128"):
+        huge_tree.result(timeout=60)
+    with pytest.raises(Exception, match="the prompt is 21,000 characters; this page reads at most 4,000"):
+        long_prompt.result(timeout=60)
+    assert len(other.result(timeout=60)["tokens"]) == 4
+    assert time.perf_counter() - started < 30  # generous: refusing takes milliseconds, running them minutes
+    assert len(client.predict("Mr. Bingley", 4, api_name="/trace")["tokens"]) == 4
+
+
+def test_the_trace_endpoint_writes_at_most_the_pages_tokens(client):
+    with pytest.raises(Exception, match="max_new_tokens is 1000; this page writes at most 256"):
+        client.predict("It is", 1000, api_name="/trace")
+
+
+def test_the_page_refuses_a_huge_tree_before_building_it(model, monkeypatch):
+    import decoding.tree
+
+    def never(*args, **kwargs):
+        raise AssertionError("the tree was built")
+
+    monkeypatch.setattr(decoding.tree.Tree, "from_choices", never)
+    status = describe_tree(ten_thousand_path_tree(), model.trees[model.default_tree], model.num_heads, 2)
+    assert status.startswith("⚠ the tree has 10001 nodes")
+    with pytest.raises(DecodingError, match="10001 nodes"):
+        _settings(model, ten_thousand_path_tree(), 2)
+    with pytest.raises(DecodingError, match="this page reads at most 500,000"):
+        _settings(model, " " * 600_000 + "[[0]]", 2)
+
+
+def test_every_page_run_has_the_pages_time_limit(model):
+    assert _settings(model, "", 2).time_limit == PAGE_LIMITS.run_seconds
+    with pytest.raises(DecodingError, match="20,000 characters"):
+        _settings(model, "", 2, prompt="x" * 20_000)
+
+
+def test_the_page_queue_is_bounded(demo):
+    assert demo._queue.max_size == PAGE_LIMITS.queue_size
+
+
+def _page_and_values(model_dir: str, **request):
+    """A handlers.Page whose components are named by strings, and the values of a request."""
+    from app import handlers
+
+    fields = {f.name: f.name for f in dataclasses.fields(handlers.Page)}
+    page = handlers.Page(**fields | {"request": {f.name: f.name for f in dataclasses.fields(RunRequest)},
+                                     "stats_plots": [], "step_mds": [], "steps": []})
+    values = dataclasses.asdict(RunRequest(model=model_dir, **request)) | {"projector": False, "width": 1280}
+    return page, values
+
+
+@pytest.mark.parametrize("request_fields, message", [
+    (dict(prompt=""), "the prompt is empty"),
+    (dict(prompt="It is", tree_text="[[0], [0"), "the tree JSON is malformed"),
+    (dict(prompt="It is", tree_text=ten_thousand_path_tree()), "the tree has 10001 nodes"),
+    (dict(prompt="x" * 20_000), "the prompt is 20,000 characters"),
+])
+def test_a_run_the_page_refuses_says_why_on_its_status_line_not_as_an_error_on_every_panel(
+        tiny_model_dir, monkeypatch, request_fields, message):
+    from app import handlers
+
+    monkeypatch.setenv("MEDUSA_PLAYGROUND_MODEL", tiny_model_dir)
+    page, values = _page_and_values(tiny_model_dir, **request_fields)
+    with pytest.warns(UserWarning, match=message):  # the toast, outside a page request
+        updates = list(handlers.run_drafter(page, values))
+    assert set(updates[-1]) == {"tabs", "summary"}  # the last run's figures stay, the status line says why
+    assert updates[-1]["summary"].startswith("⚠ **Not run:**")
+    with pytest.warns(UserWarning, match=message):
+        updates = list(handlers.run_race(page, values))
+    assert set(updates[-1]) == {"tabs", "race_status"} and "Not raced" in updates[-1]["race_status"]
+
+
+def test_slow_figures_are_redrawn_less_often_while_a_run_streams(tiny_model_dir, monkeypatch):
+    """Building the figures holds the run up, so they may take only FIGURES_SHARE of its time:
+    a tree that takes long to draw is drawn on the first round, rarely, and at the end."""
+    from app import handlers
+
+    clock = [0.0]
+
+    def perf_counter() -> float:
+        clock[0] += 0.1  # every look at the clock: a tenth of a second later
+        return clock[0]
+
+    drawn = []
+
+    def slow_figures(page, trace, index, look):
+        drawn.append(index)
+        clock[0] += 1.0  # a big tree's figures: a second to build
+        return {}
+
+    monkeypatch.setenv("MEDUSA_PLAYGROUND_MODEL", tiny_model_dir)
+    monkeypatch.setattr(handlers, "time", SimpleNamespace(perf_counter=perf_counter, time=time.time))
+    monkeypatch.setattr(handlers, "round_updates", slow_figures)
+    monkeypatch.setattr(handlers, "FIGURES_EVERY", 0.2)
+    page, values = _page_and_values(tiny_model_dir, prompt="It is a truth", max_new_tokens=64)
+    runs = [u["run_state"] for u in handlers.run_drafter(page, values) if "run_state" in u]
+    rounds = len(runs[-1].rounds)
+    assert rounds >= 16
+    # Every 10 s of this clock (1 s of drawing / FIGURES_SHARE), not every 0.2 s.
+    assert drawn[0] == 0 and drawn[-1] == rounds - 1 and len(drawn) <= 2 + rounds * 0.2 / 10 + 1

@@ -7,6 +7,7 @@ Without Chromium the tests skip, except under CI, where a missing browser is a f
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -137,6 +138,9 @@ def test_a_malformed_tree_is_explained_before_any_run(page):
 
 
 def test_races_run_a_lane_per_drafter_report_their_speedups_and_link_to_stats(page, shots):
+    open_tab(page, "Race")
+    for name in ("draft model", "prompt lookup"):  # Medusa alone is ticked at first
+        page.locator("#race-lanes-picker").get_by_label(name).check()
     started = time.perf_counter()
     verdict = run_race(page, races=3)
     print(f"a race of 4 lanes x 3 races on the tiny model: {time.perf_counter() - started:.1f} s")
@@ -231,6 +235,26 @@ def test_empty_prompt_shows_an_error_and_the_app_keeps_running(page):
     page.click("#run-button")
     page.get_by_text("the prompt is empty").first.wait_for(timeout=15_000)
     run_prompt(page, "Mr. Darcy")
+
+
+def test_a_ten_thousand_node_tree_is_refused_at_once_without_an_error_on_every_panel(page):
+    paths = [[i] for i in range(64)] + [[i, j] for i in range(64) for j in range(64)]
+    paths += [[i, j, k] for i in range(64) for j in range(64) for k in range(2)]
+    run_prompt(page, "Mr. Darcy")  # a run to keep on screen
+    page.locator("#tree-json .cm-content").fill(json.dumps(paths[:10_000]))
+    page.wait_for_function("document.querySelector('#tree-status')?.innerText.includes('10001 nodes')",
+                           timeout=30_000)
+    started = time.perf_counter()
+    page.click("#run-button")
+    page.wait_for_function("document.querySelector('#run-summary')?.innerText.includes('Not run')", timeout=30_000)
+    assert time.perf_counter() - started < 20  # generous: refusing takes milliseconds, the run would take minutes
+    summary = page.locator("#run-summary").inner_text()
+    assert "at most 128" in summary and "still your last run" in summary
+    page.wait_for_timeout(500)
+    assert page.locator("[data-testid='status-tracker'] span.error").count() == 0  # Gradio's red badge
+    assert page.locator("#stream-box .tok").count() >= 4  # the last run is still there
+    page.locator("#tree-json .cm-content").fill("[[0], [1], [0, 0]]")
+    run_prompt(page, "Mr. Bingley")  # and the page runs the next one
 
 
 def test_projector_mode_is_big_closes_the_sidebar_and_fills_the_width(playwright, app_url, shots):

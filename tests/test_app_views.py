@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import re
 
 import pytest
@@ -9,7 +10,10 @@ import pytest
 from app import race_views, views
 from app.race import RaceFrame
 from app.text import MISSING, PLACEHOLDER, explainer_values, load_steps, load_text, render_steps
+from app.tokens import md_code, visible
 from app_helpers import SMALL_CHOICES, make_ar_run, make_race, make_run
+from decoding.stats import round_end_times
+from decoding.trace import CostCurve
 
 
 @pytest.fixture
@@ -64,6 +68,10 @@ def test_summary_counts_tokens_and_passes(run):
 def test_the_summary_says_stopped_only_once_the_run_is_timed(run):
     total, run.total_time = run.total_time, 0.0  # the engine's yield after the last round, before its clock is read
     assert "running…" in views.run_summary(run) and "stopped" not in views.run_summary(run)
+    # While running, the clock at the last round, never "0.00 s measured (0 tokens/s)".
+    so_far = round_end_times(run)[-1]
+    assert f"{so_far:.2f} s so far ({len(run.tokens) / so_far:.0f} tokens/s)" in views.run_summary(run)
+    assert "measured" not in views.run_summary(run)
     run.total_time = total
     summary = views.run_summary(run)
     assert "stopped: reached Max new tokens" in summary and f"{total:.2f} s measured" in summary
@@ -89,6 +97,15 @@ def test_tokens_quoted_in_the_explainer_cannot_break_out(run):
     best.emitted_texts = ["`<img src=x>`"] + best.emitted_texts[1:]
     text = render_steps(load_steps(), run, None)[4]
     assert "<img" not in text and "&lt;img" in text
+
+
+@pytest.mark.parametrize("token", ["'s", '"', "<img src=x>", "**b**", "&amp;", "`x`", "# h", "[a](b)"])
+def test_a_quoted_token_reads_as_itself_once_the_browser_decodes_its_entities(token):
+    code = md_code(token)
+    assert code.startswith("<code>") and code.endswith("</code>")
+    inner = code.removeprefix("<code>").removesuffix("</code>")
+    assert html.unescape(inner) == visible(token)  # "'s" once read "&#x27;s" in the round details
+    assert "<" not in inner and "*" not in inner and "`" not in inner
 
 
 # ----------------------------------------------------------------------------- stats and learn
@@ -164,6 +181,18 @@ def test_race_status_says_which_race_lane_and_place_in_the_order_is_running():
     assert "warming up 3 lanes" in race_views.race_status(RaceFrame("warm-up", 3, lanes)).lower()
 
 
+def test_race_status_shows_each_lanes_progress_and_the_time_left():
+    lanes = ["ar", "medusa"]
+    first = race_views.race_status(RaceFrame("measuring", 3, lanes, 0, "ar", done={"ar": 0, "medusa": 0}))
+    assert "left" not in first  # nothing measured yet: no guess
+    assert "Plain decoding ◐○○ · Medusa ○○○" in first
+    # Race 2 runs medusa first, then plain: 2 of 6 runs done in 10 s, so about 20 s for the other 4.
+    status = race_views.race_status(RaceFrame("measuring", 3, lanes, 1, "medusa", done={"ar": 1, "medusa": 1},
+                                              elapsed=10.0))
+    assert "run 3 of 6" in status and "about 20 s left" in status
+    assert "Plain decoding ●○○ · Medusa ●◐○" in status
+
+
 def test_page_texts_live_in_assets():
     assert "Medusa Playground" in load_text("header.html")
     assert "median" in load_text("timing_note.md")
@@ -200,3 +229,65 @@ def test_learn_says_how_each_embedded_models_heads_were_trained():
     assert heads_recipe("smollm2") == "medusa-1-root"  # frozen base, heads read the root
     assert heads_recipe("no-such-model") is None
     assert "reads the token the base model just chose" in HEADS_TRAINING["medusa-1-root"]
+
+
+# ----------------------------------------------------------------------------- what this machine measured
+
+def _curve(costs: list[float]) -> CostCurve:
+    return CostCurve(sizes=[1, 4, 16, 64][:len(costs)], costs=costs, step_seconds=0.0455, device="cpu",
+                     dtype="float32", threads=2, past=150, measured_at="2026-12-01T10:00:00Z")
+
+
+def test_learn_step_one_states_the_cost_this_machine_measured(run):
+    run.cost_curve = _curve([1.0, 0.93, 1.31, 2.47])
+    first = render_steps(load_steps(), run, None)[0]
+    assert "On this machine (cpu, float32, 2 threads; one step 45.5 ms)" in first
+    assert "a pass over 4 tokens cost 0.93 one-token steps, over 16 tokens 1.31 and over 64 tokens 2.47" in first
+    assert "**rising:" in first and "barely more" not in first
+    assert "Plain decoding* row of the **Race** tab" in first and "left pane" not in first
+    run.cost_curve = _curve([1.0, 1.03, 1.13, 1.54])  # bfloat16 on the matrix units: nearly free
+    assert "**nearly flat:" in render_steps(load_steps(), run, None)[0]
+    speedup = render_steps(load_steps(), run, None)[5]
+    assert f"puts a {run.tree.size}-token pass at" in speedup
+
+
+def test_without_a_measured_curve_learn_says_so_and_draws_no_numbers(run):
+    run.cost_curve = None
+    first = render_steps(load_steps(), run, None)[0]
+    assert "did not time passes of different sizes" in first and MISSING not in first.split("**In your run")[0]
+    (figure,) = views.learn_figures(run, None)
+    assert "Not measured" in figure.layout.annotations[0].text
+    assert "Press **Run** to see what a pass costs" in render_steps(load_steps(), None, None)[0]
+    assert "Press Run" in views.learn_figures(None, None)[0].layout.annotations[0].text
+
+
+def test_the_cost_curve_figure_draws_the_measurement_between_free_and_one_step_a_token(run):
+    run.cost_curve = _curve([1.0, 0.93, 1.31, 2.47])
+    (figure,) = views.learn_figures(run, None)
+    measured = next(trace for trace in figure.data if trace.name.startswith("measured"))
+    assert list(measured.x) == [1, 4, 16, 64] and list(measured.y) == [1.0, 0.93, 1.31, 2.47]
+    mark = next(trace for trace in figure.data if trace.name.startswith("your tree"))
+    assert list(mark.x) == [run.tree.size] and mark.y[0] == pytest.approx(run.cost_curve.cost(run.tree.size))
+    assert measured.name == "measured: cpu, float32, 2 threads"
+
+
+def test_a_race_lends_its_curve_when_the_last_run_has_none(run):
+    race = _race(run, 0.004)
+    race.races[0]["ar"].cost_curve = _curve([1.0, 1.2])
+    run.cost_curve = None
+    assert "a pass over 4 tokens cost 1.20 one-token steps:" in render_steps(load_steps(), run, race)[0]
+
+
+def test_the_mask_rule_includes_the_node_itself_and_learn_warns_about_small_models(run):
+    mask_step = render_steps(load_steps(), run, None)[3]
+    assert "to its own ancestors and to itself" in mask_step and "node *i* itself" in mask_step
+    for banner in (views.learn_banner(None, None), views.learn_banner(run, None)):
+        assert "states false facts" in banner and "never what it says" in banner
+
+
+def test_a_refusal_says_what_is_wrong_and_whether_the_figures_are_still_the_last_runs():
+    error = ValueError("the prompt is empty: type some text to continue")
+    assert views.refusal_text(error) == "⚠ **Not run:** the prompt is empty: type some text to continue."
+    assert "still your last run" in views.refusal_text(error, earlier=True)
+    assert "still your last race" in views.refusal_text(error, "raced", earlier=True)
+    assert "&lt;img" in views.refusal_text(ValueError("<img src=x>"))

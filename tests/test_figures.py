@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -13,7 +14,9 @@ from app.tree_figures import (
     label_every,
     labelled_nodes,
     mask_figure,
+    mask_height,
     mask_label,
+    mask_plot_px,
     next_token_hover,
     tree_figure,
     tree_height,
@@ -132,9 +135,9 @@ def test_a_big_tree_is_capped_in_height_with_labels_no_taller_than_a_row():
     big = make_run(MC_SIM_7B_63, accepted_leaves=[40])
     fig = tree_figure(big.tree, big.rounds[0])
     rows = leaf_count(big.tree.parents)
-    assert fig.layout.height == tree_height(big.tree) <= 600
+    assert fig.layout.height == tree_height(big.tree) <= 720  # on one 1280x800 screen once scrolled to it
     sizes = _node_traces(fig)[2].textfont.size  # depth 2: 28 nodes, one of them accepted
-    assert 8 <= min(sizes) <= (fig.layout.height - 90) / rows and max(sizes) > min(sizes)
+    assert 10 <= min(sizes) <= (fig.layout.height - 90) / rows and max(sizes) > min(sizes)
     assert all(len(t) <= 10 for tr in _node_traces(fig) for t in tr.text)
 
 
@@ -286,3 +289,13 @@ def test_figure_text_escapes_the_tags_plotly_would_read(run):
 def test_stream_html_escapes_text(run):
     run.prompt = "<script>alert(1)</script>"
     assert "<script>" not in stream_html(run)
+
+
+def test_the_papers_64_node_mask_is_readable_at_1280x800():
+    big = make_tree(MC_SIM_7B_63)
+    # Half the row beside the tree (it was 0.4, a 250 px square with one row in four labelled).
+    assert mask_plot_px(big) >= 320 and label_every(big) <= 3
+    assert mask_height(big) == round(mask_plot_px(big) + 100)  # no empty band between the cells and the key
+    run = make_run(MC_SIM_7B_63, accepted_leaves=[40])
+    key = mask_figure(run.tree, run.rounds[0]).layout.annotations[0].text
+    assert len(re.sub("<[^>]+>", "", key)) <= 45  # fits under a 330 px square at 11 px

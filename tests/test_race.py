@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.race import lane_order, race
+from app.race import RaceFrame, lane_order, race
 from app_helpers import SMALL_CHOICES, make_ar_run, make_chain_run, make_race, make_run
 from decoding.errors import DecodingError
 from decoding.settings import DecodeSettings
@@ -147,5 +147,18 @@ def test_while_lanes_are_measured_the_page_gets_the_status_line_alone(tiny_dirs,
     updates = list(handlers.run_race(page, values))
     measuring = [u for u in updates if "measuring" in str(u.get("race_status"))]
     assert len(measuring) == 2 * 3 and all(set(u) == {"race_status"} for u in measuring)
+    # Each lane's progress: the last run of the last race, every other one measured.
+    assert measuring[-1]["race_status"].count("●") == 2 * 3 - 1 and "◐" in measuring[-1]["race_status"]
+    assert "s left" in measuring[-1]["race_status"] and "s left" not in measuring[0]["race_status"]
     assert {"tabs", "race_lanes", "race_plot", "race_md"} <= set(updates[0]) and "race_state" not in updates[0]
     assert updates[-1]["race_state"].lanes == ["ar", "medusa", "prompt-lookup"]
+
+
+def test_a_long_race_is_replayed_faster_every_lane_at_the_same_pace():
+    from app.race import REPLAY_SECONDS, replay_pace
+    from app.race_views import race_status
+
+    assert replay_pace(2.0) == 1.0 and replay_pace(REPLAY_SECONDS * 3) == pytest.approx(3.0)
+    frame = RaceFrame("replaying", 3, ["ar", "medusa"], 3, pace=3.0)
+    assert "at 3.0× real speed" in race_status(frame)
+    assert "real speed" not in race_status(RaceFrame("replaying", 3, ["ar", "medusa"], 3))
