@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from decoding import available_drafters
+from decoding.drafters import adopt_auto_tree
 from decoding.errors import DecodingError
 from decoding.generate import generate
 from decoding.heads import CONFIG_NAME as OWN_HEADS_CONFIG
@@ -169,10 +170,16 @@ class ModelCache:
         if name == TINY:
             if self._tiny_dir is None:
                 self._tiny_dir = make_tiny_model_dir(Path(tempfile.mkdtemp(prefix="medusa-tiny-")))
-            return load_model(str(self._tiny_dir))
+            model = load_model(str(self._tiny_dir))
+            adopt_auto_tree(model)
+            return model
         try:
-            # The load-time self-test is a forward pass, which ZeroGPU forbids outside a GPU call.
-            return load_model(name, self_test=not ON_ZERO_GPU)
+            # The load-time self-test is a forward pass, which ZeroGPU forbids outside a GPU call;
+            # so is timing this machine's passes for the auto tree (there, the heads' default tree).
+            model = load_model(name, self_test=not ON_ZERO_GPU)
+            if not ON_ZERO_GPU:
+                adopt_auto_tree(model)
+            return model
         except DecodingError:
             raise
         except Exception as e:  # a broken download or checkpoint must not take the app down

@@ -7,11 +7,11 @@ from ..model import MedusaModel
 from ..settings import DecodeSettings
 from .base import Drafter, Proposal
 from .draft_model import DraftModelDrafter
-from .medusa_heads import MedusaHeadsDrafter, resolve_tree
+from .medusa_heads import MedusaHeadsDrafter, adopt_auto_tree, resolve_tree
 from .prompt_lookup import PromptLookupDrafter, find_continuation
 
 __all__ = ["Drafter", "DraftModelDrafter", "MedusaHeadsDrafter", "PromptLookupDrafter", "Proposal",
-           "available_drafters", "find_continuation", "make_drafter", "resolve_tree"]
+           "adopt_auto_tree", "available_drafters", "find_continuation", "make_drafter", "resolve_tree"]
 
 
 def available_drafters(mm: MedusaModel) -> list[str]:

@@ -55,7 +55,9 @@ def auto_tree(mm: MedusaModel, num_heads: int) -> Tree:
 
 def adopt_auto_tree(mm: MedusaModel) -> str:
     """Measure this machine's costs now (or read them back), and make the auto tree one of the
-    model's named trees and its default: for a page that lists trees by name. Returns the name."""
+    model's named trees and its default: for a page that lists trees by name. Returns the name.
+    The curve is measured whatever the heads: every later trace carries it, for the page to draw."""
+    model_cost_curve(mm)
     if mm.heads is None or mm.head_accuracy is None:
         return mm.default_tree
     tree = auto_tree(mm, mm.num_heads)
