@@ -9,16 +9,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from decoding.errors import DecodingError
-from decoding.training.trees import (
-    count_paths,
-    expected_tokens_per_pass,
-    joint_optimal_choices,
-    max_tree_nodes,
-    measured_tokens_per_pass,
-    optimal_choices,
-    path_acceptance,
-)
+from decoding.training.trees import count_paths, joint_optimal_choices, measured_tokens_per_pass
 from decoding.tree import Tree
+from decoding.tree_choice import expected_tokens_per_pass, max_tree_nodes, optimal_choices, path_acceptance
 
 # Two heads, three ranks. Node acceptances (product along the path):
 #   depth 1: [0] 0.6    [1] 0.2    [2] 0.1
