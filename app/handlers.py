@@ -27,8 +27,8 @@ from gradio.components import Component
 
 from decoding import available_drafters
 from decoding.errors import DecodingError
-from decoding.generate import generate, stream
-from decoding.model import MedusaModel
+from decoding.loops import generate, stream
+from decoding.model import LoadedModel
 from decoding.settings import DecodeSettings
 from decoding.trace import RunTrace
 
@@ -127,7 +127,7 @@ def refusal(error: DecodingError) -> gr.Error:
     return gr.Error(toast_text(error))
 
 
-def _load(name: str) -> MedusaModel:
+def _load(name: str) -> LoadedModel:
     try:
         return cache.get(require_offered(name))
     except DecodingError as e:
@@ -392,12 +392,12 @@ def trace_api(prompt: str, max_new_tokens: int = DecodeSettings.max_new_tokens, 
     (decoding.limits) apply, as they do to a visitor's Run.
     """
     try:
-        mm = cache.get(require_offered(model or offered_models()[0]))
-        if isinstance(tree, str) and not tree.lstrip().startswith("[") and tree not in ("default", *mm.trees):
-            raise DecodingError(f"unknown tree {tree!r}; known trees: {', '.join(mm.trees)}")
-        request = api_request(prompt, mm.name, tree, max_new_tokens=max_new_tokens, acceptance=acceptance,
+        lm = cache.get(require_offered(model or offered_models()[0]))
+        if isinstance(tree, str) and not tree.lstrip().startswith("[") and tree not in ("default", *lm.trees):
+            raise DecodingError(f"unknown tree {tree!r}; known trees: {', '.join(lm.trees)}")
+        request = api_request(prompt, lm.name, tree, max_new_tokens=max_new_tokens, acceptance=acceptance,
                               temperature=temperature, seed=int(seed), num_heads=num_heads, method=method,
                               draft_tokens=draft_tokens, lookup_tokens=lookup_tokens)
-        return generate(mm, prompt, decode_settings(mm, request)).to_dict()
+        return generate(lm, prompt, decode_settings(lm, request)).to_dict()
     except DecodingError as e:
         raise refusal(e) from e

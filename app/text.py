@@ -118,10 +118,10 @@ def run_values(run: RunTrace) -> dict[str, str]:
         values |= {
             "best_round": str(best.index + 1),
             "best_accepted": str(best.accepted_length),
-            "best_guesses": str(sum(best.emitted_from_heads)),
+            "best_guesses": str(sum(best.emitted_from_drafter)),
             "best_text": _quoted(best.emitted_texts),
         }
-        if best.heads_topk_tokens and best.node_texts and run.tree is not None:
+        if best.guesses and best.node_texts and run.tree is not None:
             tree = run.round_tree(best)
             first_level = [n for n in range(tree.size) if tree.depths[n] == 1]
             values["best_head1_guesses"] = _quoted([best.node_texts[n] for n in first_level])
@@ -144,7 +144,7 @@ def race_values(race: RaceResult) -> dict[str, str]:
         "round_cost": f"{cost:.2f}",
         "predicted_speedup": f"{medusa.tokens_per_pass / cost:.2f}" if cost else MISSING,
         "verify_cost": f"{verify:.2f}",
-        "draft_accept_cost": f"{rest_of_round_cost(ar, medusa):.2f}",
+        "rest_cost": f"{rest_of_round_cost(ar, medusa):.2f}",
         "ceiling_speedup": f"{medusa.tokens_per_pass / verify:.2f}" if verify else MISSING,
         "speedup": f"{spread.median:.2f}",
         "speedup_range": f"{spread.low:.2f}–{spread.high:.2f}",

@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 
 from decoding import available_drafters
 from decoding.limits import PAGE_LIMITS
-from decoding.model import MedusaModel
+from decoding.model import LoadedModel
 from decoding.stats import round_cost, round_end_times, verify_cost
 from decoding.trace import RoundTrace, RunTrace
 
@@ -31,7 +31,7 @@ STOP_REASONS = {"max_new_tokens": "reached Max new tokens", "eos": "the model en
                 "time_limit": f"reached this page's time limit ({PAGE_LIMITS.run_seconds:.0f} s a run)"}
 
 
-def model_card(model: MedusaModel) -> str:
+def model_card(model: LoadedModel) -> str:
     drafters = ", ".join(label for label, _ in lanes.choices(available_drafters(model), short=True))
     return (f"**{md_text(describe(model.name))}** · {model.num_heads} heads · {model.device} · "
             f"{str(model.dtype).removeprefix('torch.')} · context {model.context_length} tokens · "
@@ -95,7 +95,7 @@ def round_info(trace: RunTrace, index: int) -> str:
     """The numbers of one round, as measured."""
     rnd = trace.rounds[index]
     method = trace.settings.method
-    guessed = sum(rnd.emitted_from_heads)
+    guessed = sum(rnd.emitted_from_drafter)
     from_base = rnd.accepted_length - guessed
     tokens = " ".join(md_code(t, 14) for t in rnd.emitted_texts)
     if trace.tree is not None and rnd.tree_size:

@@ -1,8 +1,8 @@
 """Medusa decoding, instrumented: every round of every run is traced for the UI, CLI and tests.
 
     from decoding import load_model, DecodeSettings, generate
-    mm = load_model()                      # the embedded model, offline, on the CPU
-    trace = generate(mm, "It was a fine morning", DecodeSettings(max_new_tokens=64))
+    lm = load_model()                      # the embedded model, offline, on the CPU
+    trace = generate(lm, "It was a fine morning", DecodeSettings(max_new_tokens=64))
     print(trace.text, trace.mean_accepted)
 
 The names below are imported on first use, not with the package: `python -m decoding --help`
@@ -17,8 +17,8 @@ import types
 
 _HOMES = {
     "DecodingError": "errors",
-    "autoregressive_decode": "generate", "generate": "generate", "speculative_decode": "generate", "stream": "generate",
-    "MedusaModel": "model", "available_models": "loading", "embedded_model_title": "loading",
+    "autoregressive_decode": "loops", "generate": "loops", "speculative_decode": "loops", "stream": "loops",
+    "LoadedModel": "model", "available_models": "loading", "embedded_model_title": "loading",
     "embedded_models": "loading", "load_model": "loading",
     "MODEL_REGISTRY": "registry", "RegistryEntry": "registry",
     "DecodeSettings": "settings", "available_drafters": "drafters",
@@ -45,7 +45,7 @@ class _Package(types.ModuleType):
 
     @generate.setter
     def generate(self, submodule: types.ModuleType) -> None:
-        pass  # the submodule stays reachable as sys.modules["decoding.generate"]
+        pass  # the submodule stays reachable as sys.modules["decoding.loops"]
 
 
 sys.modules[__name__].__class__ = _Package

@@ -19,7 +19,7 @@ from .fetch import WHEEL_MODELS
 from .settings import ACCEPTANCE_SCHEMES, METHODS, DecodeSettings
 
 if TYPE_CHECKING:
-    from .model import MedusaModel
+    from .model import LoadedModel
 
 
 def parse_tree(value: str) -> str | list[list[int]]:
@@ -106,35 +106,35 @@ def _set_threads(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
 
 
-def _warn_past_page_limits(mm: MedusaModel, prompt: str, settings: DecodeSettings) -> None:
+def _warn_past_page_limits(lm: LoadedModel, prompt: str, settings: DecodeSettings) -> None:
     """The CLI runs what the page would refuse (the machine is the user's), but says so."""
     from .limits import page_problems
 
-    tree = settings.tree if settings.tree != "default" else mm.default_tree
-    paths = (len(tree) if isinstance(tree, list) else len(mm.trees.get(tree, []))) \
+    tree = settings.tree if settings.tree != "default" else lm.default_tree
+    paths = (len(tree) if isinstance(tree, list) else len(lm.trees.get(tree, []))) \
         if settings.method == "medusa" else None
     for problem in page_problems(prompt, settings.max_new_tokens, paths):
         print(f"warning: {problem}. The page would refuse this run; the command line runs it.", file=sys.stderr)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .generate import generate
     from .loading import load_model
+    from .loops import generate
 
     settings = _settings(args, args.tree)
     _set_threads(args)
     # Plain decoding needs no heads: a model directory without any can still run it.
-    mm = load_model(args.model, args.heads, args.device, args.dtype, with_heads=args.method != "ar",
+    lm = load_model(args.model, args.heads, args.device, args.dtype, with_heads=args.method != "ar",
                     pack_linear=not args.no_pack, draft_model=args.draft_model,
                     with_draft=args.method == "draft-model", attention=args.attention)
-    _remeasure(args, mm)
-    _warn_past_page_limits(mm, args.prompt, settings)
-    trace = generate(mm, args.prompt, settings)
+    _remeasure(args, lm)
+    _warn_past_page_limits(lm, args.prompt, settings)
+    trace = generate(lm, args.prompt, settings)
     if args.json:
         print(trace.to_json())
         return 0
     # A continuation follows its prompt; a chat model's answer is a reply, so it gets its own lines.
-    print(trace.prompt + ("\n\n" if mm.use_chat_template else "") + trace.text)
+    print(trace.prompt + ("\n\n" if lm.use_chat_template else "") + trace.text)
     print(
         f"\n[{args.method}] {len(trace.tokens)} tokens in {trace.forward_passes} passes "
         f"(mean {trace.mean_accepted:.2f} tokens per pass), {trace.tokens_per_second:.1f} tok/s, "
@@ -144,11 +144,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _remeasure(args: argparse.Namespace, mm) -> None:
+def _remeasure(args: argparse.Namespace, lm) -> None:
     if args.remeasure_costs:
         from .cost_curve import model_cost_curve
 
-        model_cost_curve(mm, remeasure=True)
+        model_cost_curve(lm, remeasure=True)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -162,17 +162,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     trees = args.tree
     settings = _settings(args, trees[0])
     _set_threads(args)
-    mm = load_model(args.model, args.heads, args.device, args.dtype, pack_linear=not args.no_pack,
+    lm = load_model(args.model, args.heads, args.device, args.dtype, pack_linear=not args.no_pack,
                     draft_model=args.draft_model, with_draft="draft-model" in args.drafter,
                     attention=args.attention)
-    _remeasure(args, mm)
+    _remeasure(args, lm)
     # The speedup counts against the fastest plain decoding here: float32 too, when Medusa runs in
     # another dtype (on a CPU bfloat16 is not always the faster one-token step).
     float32 = None
-    if mm.dtype != torch.float32 and mm.device.type == "cpu":
+    if lm.dtype != torch.float32 and lm.device.type == "cpu":
         float32 = load_model(args.model, args.heads, args.device, "float32", self_test=False, with_heads=False,
                              pack_linear=not args.no_pack, with_draft=False, attention="library")
-    report = run_bench(mm, prompts, settings, trees, progress=not args.json,
+    report = run_bench(lm, prompts, settings, trees, progress=not args.json,
                        compare_transformers=args.compare_transformers, drafters=args.drafter,
                        float32_model=float32)
     print(json.dumps(report, indent=2) if args.json else format_table(report))

@@ -29,10 +29,10 @@ import torch
 
 from .fetch import cache_root
 from .kv_cache import compact_cache, new_cache
-from .model import MedusaModel
+from .model import LoadedModel
 from .passes import decode_one_token, draft, run_model, verify_tree
 from .trace import CostCurve
-from .training.checkpoint import write_atomically
+from .training.saving import write_atomically
 from .tree import MC_SIM_7B_63, Tree
 
 CURVE_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -58,24 +58,24 @@ def _time(device: torch.device, run) -> float:
 
 
 @torch.inference_mode()
-def measure_cost_curve(mm: MedusaModel, sizes: tuple[int, ...] = CURVE_SIZES, past: int = PAST,
+def measure_cost_curve(lm: LoadedModel, sizes: tuple[int, ...] = CURVE_SIZES, past: int = PAST,
                        repeats: int = REPEATS) -> CostCurve:
     """Time a T-token verify pass for each T in `sizes` (1 is the plain step) after `past` tokens."""
     sizes = tuple(sorted({1, *(s for s in sizes if 1 <= s <= len(MC_SIM_7B_63) + 1)}))
-    past = max(1, min(past, mm.context_length - max(sizes) - 1))
+    past = max(1, min(past, lm.context_length - max(sizes) - 1))
     generator = torch.Generator().manual_seed(0)
-    vocab = mm.model.get_output_embeddings().weight.shape[0]
+    vocab = lm.model.get_output_embeddings().weight.shape[0]
     prefix = torch.randint(0, vocab, (past,), generator=generator).tolist()
-    tokens = torch.randint(0, vocab, (max(sizes),), generator=generator).to(mm.device)
-    cache = new_cache(mm.model.config, for_trees=True)
-    _, hidden = run_model(mm, prefix, cache, last_only=True, want_hidden=mm.heads is not None)
+    tokens = torch.randint(0, vocab, (max(sizes),), generator=generator).to(lm.device)
+    cache = new_cache(lm.model.config, for_trees=True)
+    _, hidden = run_model(lm, prefix, cache, last_only=True, want_hidden=lm.heads is not None)
     trees = {size: _curve_tree(size) for size in sizes if size > 1}
 
     def one_pass(size: int) -> float:
         if size == 1:
-            seconds = _time(mm.device, lambda: decode_one_token(mm, int(tokens[0]), cache))
+            seconds = _time(lm.device, lambda: decode_one_token(lm, int(tokens[0]), cache))
         else:
-            seconds = _time(mm.device, lambda: verify_tree(mm, trees[size], tokens[:size], cache, want_hidden=False))
+            seconds = _time(lm.device, lambda: verify_tree(lm, trees[size], tokens[:size], cache, want_hidden=False))
         compact_cache(cache, past, [])  # drop the pass's rows: every pass sees the same prefix
         return seconds
 
@@ -89,20 +89,20 @@ def measure_cost_curve(mm: MedusaModel, sizes: tuple[int, ...] = CURVE_SIZES, pa
     step = statistics.median(seconds[1])
     return CostCurve(
         sizes=list(sizes), costs=[round(statistics.median(seconds[s]) / step, 4) for s in sizes],
-        step_seconds=step, device=str(mm.device), dtype=str(mm.dtype).removeprefix("torch."),
+        step_seconds=step, device=str(lm.device), dtype=str(lm.dtype).removeprefix("torch."),
         threads=torch.get_num_threads(), past=past,
         measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
-        draft_cost=round(_draft_seconds(mm, hidden[-1] if hidden is not None else None, repeats) / step, 4),
+        draft_cost=round(_draft_seconds(lm, hidden[-1] if hidden is not None else None, repeats) / step, 4),
     )
 
 
-def _draft_seconds(mm: MedusaModel, hidden: torch.Tensor | None, repeats: int) -> float:
+def _draft_seconds(lm: LoadedModel, hidden: torch.Tensor | None, repeats: int) -> float:
     """The median time the heads take to guess for the paper's tree: Medusa's drafting per round."""
-    if mm.heads is None or hidden is None:
+    if lm.heads is None or hidden is None:
         return 0.0
-    tree = Tree.pruned(MC_SIM_7B_63, mm.num_heads, "curve-draft")
-    draft(mm, hidden, tree, root=0, with_probs=False)
-    return statistics.median(_time(mm.device, lambda: draft(mm, hidden, tree, root=0, with_probs=False))
+    tree = Tree.pruned(MC_SIM_7B_63, lm.num_heads, "curve-draft")
+    draft(lm, hidden, tree, root=0, with_probs=False)
+    return statistics.median(_time(lm.device, lambda: draft(lm, hidden, tree, root=0, with_probs=False))
                              for _ in range(repeats))
 
 
@@ -119,22 +119,22 @@ def _processor() -> str:
     return platform.processor() or platform.machine()
 
 
-def curve_key(mm: MedusaModel) -> str:
+def curve_key(lm: LoadedModel) -> str:
     """What a cached curve must match to be reused: machine, model, arithmetic and threads."""
     identity = {
-        "processor": _processor(), "device": str(mm.device), "threads": torch.get_num_threads(),
-        "torch": torch.__version__, "model": mm.name,
-        "parameters": sum(p.numel() for p in mm.model.parameters()),
-        "dtype": str(mm.dtype), "attention": mm.model.config._attn_implementation,
-        "heads": mm.num_heads, "sizes": list(CURVE_SIZES), "past": PAST,
+        "processor": _processor(), "device": str(lm.device), "threads": torch.get_num_threads(),
+        "torch": torch.__version__, "model": lm.name,
+        "parameters": sum(p.numel() for p in lm.model.parameters()),
+        "dtype": str(lm.dtype), "attention": lm.model.config._attn_implementation,
+        "heads": lm.num_heads, "sizes": list(CURVE_SIZES), "past": PAST,
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def _cacheable(mm: MedusaModel) -> bool:
+def _cacheable(lm: LoadedModel) -> bool:
     """Models known by name (embedded, fetched, registry, hub id). A model loaded from a folder
     path may change under the same path, and tests load hundreds from temporary folders."""
-    return not Path(mm.name).is_absolute() and not mm.name.startswith(".")
+    return not Path(lm.name).is_absolute() and not lm.name.startswith(".")
 
 
 def _well_formed(curve: CostCurve) -> bool:
@@ -144,28 +144,28 @@ def _well_formed(curve: CostCurve) -> bool:
             and all(isinstance(x, int | float) and x >= 0 for x in numbers))
 
 
-def cached_cost_curve(mm: MedusaModel, remeasure: bool = False) -> CostCurve:
+def cached_cost_curve(lm: LoadedModel, remeasure: bool = False) -> CostCurve:
     """The model's cost curve from the cache if this machine measured it before, else measured now.
 
     A cache file that is unreadable or not a curve is ignored and measured again.
     """
-    path = cache_root() / CACHE_SUBDIR / f"{curve_key(mm)}.json"
-    if not remeasure and _cacheable(mm) and path.is_file():
+    path = cache_root() / CACHE_SUBDIR / f"{curve_key(lm)}.json"
+    if not remeasure and _cacheable(lm) and path.is_file():
         try:
             cached = CostCurve(**json.loads(path.read_text(encoding="utf-8")))
             if _well_formed(cached):
                 return cached
         except (OSError, ValueError, TypeError):
             pass
-    curve = measure_cost_curve(mm)
-    if _cacheable(mm):
+    curve = measure_cost_curve(lm)
+    if _cacheable(lm):
         text = json.dumps(dataclasses.asdict(curve), indent=1)
         write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
     return curve
 
 
-def model_cost_curve(mm: MedusaModel, remeasure: bool = False) -> CostCurve:
+def model_cost_curve(lm: LoadedModel, remeasure: bool = False) -> CostCurve:
     """The loaded model's cost curve, measured (or read from the cache) on first use and kept."""
-    if mm.cost_curve is None or remeasure:
-        mm.cost_curve = cached_cost_curve(mm, remeasure)
-    return mm.cost_curve
+    if lm.cost_curve is None or remeasure:
+        lm.cost_curve = cached_cost_curve(lm, remeasure)
+    return lm.cost_curve

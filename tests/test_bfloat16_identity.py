@@ -63,9 +63,9 @@ def bf16_dirs(tmp_path_factory):
 
 
 def _load(path: str, attention: str):
-    mm = load_model(path, device="cpu", dtype="bfloat16", attention=attention, with_draft=False)
-    mm.draft = mm  # the model drafts for itself: long, mostly right chains, wrong at near-ties
-    return mm
+    lm = load_model(path, device="cpu", dtype="bfloat16", attention=attention, with_draft=False)
+    lm.draft = lm  # the model drafts for itself: long, mostly right chains, wrong at near-ties
+    return lm
 
 
 @pytest.fixture(scope="module")
@@ -78,87 +78,87 @@ def library(bf16_dirs):
     return {arch: _load(path, "library") for arch, path in bf16_dirs.items()}
 
 
-def plain(mm, prompt: str) -> list[int]:
-    return generate(mm, prompt, DecodeSettings(method="ar", max_new_tokens=NEW_TOKENS)).tokens
+def plain(lm, prompt: str) -> list[int]:
+    return generate(lm, prompt, DecodeSettings(method="ar", max_new_tokens=NEW_TOKENS)).tokens
 
 
-def oracle(mm, prompt: str, wrong_every: int) -> OracleHeads:
+def oracle(lm, prompt: str, wrong_every: int) -> OracleHeads:
     """Heads that guess plain decoding's own continuation (and a wrong token now and then)."""
-    prompt_ids = mm.tokenizer(prompt).input_ids
-    sequence = prompt_ids + generate(mm, prompt, DecodeSettings(method="ar", max_new_tokens=NEW_TOKENS + 6)).tokens
+    prompt_ids = lm.tokenizer(prompt).input_ids
+    sequence = prompt_ids + generate(lm, prompt, DecodeSettings(method="ar", max_new_tokens=NEW_TOKENS + 6)).tokens
     with torch.no_grad():
-        states = mm.model(torch.tensor([sequence]), output_hidden_states=True).hidden_states[-1][0].float()
+        states = lm.model(torch.tensor([sequence]), output_hidden_states=True).hidden_states[-1][0].float()
     futures = [sequence[t + 2: t + 6] for t in range(len(sequence))]
     return OracleHeads(states, futures, VOCAB, 4, wrong_every)
 
 
-def speculative(mm, prompt: str, method: str, tree=None, wrong_every: int = 5) -> list[int]:
+def speculative(lm, prompt: str, method: str, tree=None, wrong_every: int = 5) -> list[int]:
     if method != "medusa":
-        return generate(mm, prompt, DecodeSettings(method=method, max_new_tokens=NEW_TOKENS, draft_tokens=6)).tokens
-    original = mm.heads
-    mm.heads = oracle(mm, prompt, wrong_every)
+        return generate(lm, prompt, DecodeSettings(method=method, max_new_tokens=NEW_TOKENS, draft_tokens=6)).tokens
+    original = lm.heads
+    lm.heads = oracle(lm, prompt, wrong_every)
     try:
-        return generate(mm, prompt, DecodeSettings(max_new_tokens=NEW_TOKENS, tree=tree)).tokens
+        return generate(lm, prompt, DecodeSettings(max_new_tokens=NEW_TOKENS, tree=tree)).tokens
     finally:
-        mm.heads = original
+        lm.heads = original
 
 
 def test_auto_attention_gathers_in_bfloat16_on_a_cpu(gathered, library):
-    assert all(mm.gathered_attention and mm.dtype == torch.bfloat16 for mm in gathered.values())
-    assert not any(mm.gathered_attention for mm in library.values())
+    assert all(lm.gathered_attention and lm.dtype == torch.bfloat16 for lm in gathered.values())
+    assert not any(lm.gathered_attention for lm in library.values())
 
 
 @settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(prompt=st.sampled_from(PROMPTS), choices=trees(max_depth=4, max_rank=6, max_nodes=63),
        arch=st.sampled_from(ARCHITECTURES), wrong_every=st.integers(2, 9))
 def test_medusa_in_bfloat16_writes_plain_decodings_text(gathered, prompt, choices, arch, wrong_every):
-    mm = gathered[arch]
-    assert speculative(mm, prompt, "medusa", choices, wrong_every) == plain(mm, prompt)
+    lm = gathered[arch]
+    assert speculative(lm, prompt, "medusa", choices, wrong_every) == plain(lm, prompt)
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 @pytest.mark.parametrize("method", ["draft-model", "prompt-lookup"])
 def test_every_drafter_in_bfloat16_writes_plain_decodings_text(gathered, arch, method):
-    mm = gathered[arch]
+    lm = gathered[arch]
     for prompt in PROMPTS:
-        assert speculative(mm, prompt, method) == plain(mm, prompt)
+        assert speculative(lm, prompt, method) == plain(lm, prompt)
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_the_paper_tree_in_bfloat16_writes_plain_decodings_text(gathered, arch):
-    mm = gathered[arch]
+    lm = gathered[arch]
     for prompt in PROMPTS:
-        assert speculative(mm, prompt, "medusa", "mc_sim_7b_63") == plain(mm, prompt)
+        assert speculative(lm, prompt, "medusa", "mc_sim_7b_63") == plain(lm, prompt)
 
 
 def test_the_library_attention_parts_in_bfloat16(library):
     """The control: the same runs through the library's attention do part from plain decoding, so
     the tests above would fail without gathered attention."""
-    parted = sum(speculative(mm, prompt, method, "mc_sim_7b_63") != plain(mm, prompt)
-                 for mm in library.values() for prompt in PROMPTS for method in ("medusa", "draft-model"))
+    parted = sum(speculative(lm, prompt, method, "mc_sim_7b_63") != plain(lm, prompt)
+                 for lm in library.values() for prompt in PROMPTS for method in ("medusa", "draft-model"))
     assert parted >= 2
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_a_tree_node_gets_the_bits_of_a_step(gathered, arch):
     """Each node's logits in one verify pass equal, bit for bit, a step after its own path."""
-    mm = gathered[arch]
+    lm = gathered[arch]
     tree = Tree.from_choices([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1]], num_heads=3)
     generator = torch.Generator().manual_seed(1)
     prefix = torch.randint(0, VOCAB, (21,), generator=generator).tolist()
     nodes = torch.randint(0, VOCAB, (tree.size,), generator=generator)
-    cache = new_cache(mm.model.config, for_trees=True)
-    run_model(mm, prefix, cache)
-    mask, positions = tree_inputs(mm, tree, cache)
+    cache = new_cache(lm.model.config, for_trees=True)
+    run_model(lm, prefix, cache)
+    mask, positions = tree_inputs(lm, tree, cache)
     with torch.inference_mode():
-        tree_logits, _ = run_model(mm, nodes, cache, mask, positions)
+        tree_logits, _ = run_model(lm, nodes, cache, mask, positions)
     for node in range(tree.size):
-        step_cache = new_cache(mm.model.config, for_trees=True)
+        step_cache = new_cache(lm.model.config, for_trees=True)
         path = nodes[tree.path_to(node)].tolist()
         with torch.inference_mode():
-            run_model(mm, prefix, step_cache)
+            run_model(lm, prefix, step_cache)
             for token in path:
-                logits = decode_one_token(mm, token, step_cache)
+                logits = decode_one_token(lm, token, step_cache)
         assert torch.equal(tree_logits[node], logits), f"node {node}"
 
 

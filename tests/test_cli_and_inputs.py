@@ -87,8 +87,8 @@ def test_cli_bench_json(capsys, tiny_dirs, tmp_path):
         assert row["round_cost"] == pytest.approx(
             row["untraced"]["seconds_per_round"] / report["ar"]["seconds_per_round"])
         # Its two parts are positive and make up the whole round.
-        assert 0 < row["verify_cost"] and 0 < row["draft_accept_cost"]
-        assert row["verify_cost"] + row["draft_accept_cost"] == pytest.approx(row["round_cost"])
+        assert 0 < row["verify_cost"] and 0 < row["rest_cost"]
+        assert row["verify_cost"] + row["rest_cost"] == pytest.approx(row["round_cost"])
     assert report["ar"]["tokens"] == 2 * 16 and report["ar"]["forward_passes"] == 2 * 16
 
 
@@ -133,7 +133,7 @@ def fake_run(method: str, tokens: int, seconds: float) -> RunTrace:
     """A finished run that wrote `tokens` tokens in `seconds`, one round per token."""
     settings = RunSettings(method=method, max_new_tokens=64, acceptance="sample", temperature=1.0, top_p=1.0,
                            epsilon=0.09, delta=0.3, seed=0, tree=None, num_heads=None)
-    rounds = [RoundTrace(index=i, position=i, emitted_tokens=[7], emitted_texts=["x"], emitted_from_heads=[False],
+    rounds = [RoundTrace(index=i, position=i, emitted_tokens=[7], emitted_texts=["x"], emitted_from_drafter=[False],
                          time_draft=0.0, time_verify=0.0, time_accept=0.0, t_end=0.0) for i in range(tokens - 1)]
     return RunTrace(model="m", device="cpu", dtype="float32", settings=settings, prompt="p", prompt_tokens=[1],
                     rounds=rounds, prefill_token=7, stop_reason="eos", total_time=seconds)
@@ -144,7 +144,7 @@ def test_bench_speedup_is_a_ratio_of_tokens_per_second(tiny_llama, monkeypatch):
     10 tokens in 0.25 s (40/s): 2x, not the 8x that total seconds would claim."""
     import decoding.bench
 
-    def fake_generate(mm, prompt, settings):
+    def fake_generate(lm, prompt, settings):
         return fake_run("ar", 40, 2.0) if settings.method == "ar" else fake_run("medusa", 10, 0.25)
 
     monkeypatch.setattr(decoding.bench, "generate", fake_generate)
@@ -157,7 +157,7 @@ def test_bench_table_explains_differing_output_by_dtype():
     from decoding.bench import format_table
 
     row = {"label": "medusa optimal-8", "tree_size": 9, "speedup": 1.5, "mean_accepted": 2.5, "round_cost": 1.6,
-           "verify_cost": 1.3, "draft_accept_cost": 0.2, "trace_overhead": 0.04, "identical": True,
+           "verify_cost": 1.3, "rest_cost": 0.2, "trace_overhead": 0.04, "identical": True,
            "traced": {"tokens_per_second": 100.0, "forward_passes": 10}}
     report = {"model": "m", "device": "cpu", "dtype": "bfloat16", "attention": "library", "dtype_reason": "",
               "prompts": 1, "max_new_tokens": 8, "acceptance": "greedy",
@@ -251,11 +251,11 @@ def test_plain_decoding_runs_on_a_model_without_heads(capsys, tiny_dirs, tmp_pat
 
 
 def test_a_model_loaded_without_heads_refuses_medusa_clearly(tiny_dirs):
-    mm = load_model(str(tiny_dirs["gpt2"]), with_heads=False)
-    assert mm.heads is None and mm.num_heads == 0
-    assert generate(mm, "It is", DecodeSettings(method="ar", max_new_tokens=3)).tokens
+    lm = load_model(str(tiny_dirs["gpt2"]), with_heads=False)
+    assert lm.heads is None and lm.num_heads == 0
+    assert generate(lm, "It is", DecodeSettings(method="ar", max_new_tokens=3)).tokens
     with pytest.raises(DecodingError, match="without Medusa heads"):
-        generate(mm, "It is", DecodeSettings(max_new_tokens=3))
+        generate(lm, "It is", DecodeSettings(max_new_tokens=3))
 
 
 @pytest.mark.parametrize("seed", [str(2**70), "-1"])

@@ -72,49 +72,49 @@ def named(tiny_llama, monkeypatch, tmp_path):
     monkeypatch.setenv("MEDUSA_PLAYGROUND_CACHE", str(tmp_path))
     calls = []
 
-    def fake_measure(mm):
-        calls.append(mm.name)
+    def fake_measure(lm):
+        calls.append(lm.name)
         return replace(STEEP, measured_at=f"call {len(calls)}")
 
     monkeypatch.setattr(cost_curve_module, "measure_cost_curve", fake_measure)
-    mm = replace(tiny_llama, name="tiny-named", cost_curve=None)
-    return mm, calls, tmp_path / "cost_curves" / f"{curve_key(mm)}.json"
+    lm = replace(tiny_llama, name="tiny-named", cost_curve=None)
+    return lm, calls, tmp_path / "cost_curves" / f"{curve_key(lm)}.json"
 
 
 def test_a_measured_curve_is_written_and_read_back(named):
-    mm, calls, path = named
-    first = cached_cost_curve(mm)
+    lm, calls, path = named
+    first = cached_cost_curve(lm)
     assert path.is_file() and not path.with_name(path.name + ".tmp").exists()  # renamed into place
     assert CostCurve(**json.loads(path.read_text())) == first
-    assert cached_cost_curve(mm) == first and calls == ["tiny-named"]  # read back, not measured
-    assert cached_cost_curve(mm, remeasure=True).measured_at == "call 2"
+    assert cached_cost_curve(lm) == first and calls == ["tiny-named"]  # read back, not measured
+    assert cached_cost_curve(lm, remeasure=True).measured_at == "call 2"
 
 
 @pytest.mark.parametrize("garbage", ["{not json", '{"sizes": [1]}', json.dumps({**STEEP.__dict__, "costs": ["x"] * 7})])
 def test_a_corrupt_cache_file_is_ignored_and_measured_again(named, garbage):
-    mm, calls, path = named
+    lm, calls, path = named
     path.parent.mkdir(parents=True)
     path.write_text(garbage)
-    assert cached_cost_curve(mm).measured_at == "call 1"
+    assert cached_cost_curve(lm).measured_at == "call 1"
     assert CostCurve(**json.loads(path.read_text())).measured_at == "call 1"
 
 
 def test_the_cache_key_changes_with_what_changes_the_costs(named):
-    mm, _, _ = named
-    assert curve_key(mm) == curve_key(replace(mm))
-    assert curve_key(mm) != curve_key(replace(mm, name="other"))
-    assert curve_key(mm) != curve_key(replace(mm, dtype=torch.bfloat16))
+    lm, _, _ = named
+    assert curve_key(lm) == curve_key(replace(lm))
+    assert curve_key(lm) != curve_key(replace(lm, name="other"))
+    assert curve_key(lm) != curve_key(replace(lm, dtype=torch.bfloat16))
 
 
 def test_models_loaded_from_a_path_are_measured_not_cached(tiny_llama, monkeypatch, tmp_path):
     monkeypatch.setenv("MEDUSA_PLAYGROUND_CACHE", str(tmp_path))
-    monkeypatch.setattr(cost_curve_module, "measure_cost_curve", lambda mm: STEEP)
+    monkeypatch.setattr(cost_curve_module, "measure_cost_curve", lambda lm: STEEP)
     model_cost_curve(replace(tiny_llama, cost_curve=None))
     assert not (tmp_path / "cost_curves").exists()
 
 
 def test_auto_tree_runs_on_measured_heads_and_falls_back_without_them(tiny_llama, monkeypatch):
-    monkeypatch.setattr(cost_curve_module, "measure_cost_curve", lambda mm: FLAT)
+    monkeypatch.setattr(cost_curve_module, "measure_cost_curve", lambda lm: FLAT)
     with_table = replace(tiny_llama, head_accuracy=[[0.5, 0.2, 0.1]] * 4, cost_curve=None)
     trace = generate(with_table, "It is", DecodeSettings(max_new_tokens=8))
     assert trace.settings.tree.startswith("auto: optimal-") and trace.cost_curve == FLAT
@@ -132,19 +132,19 @@ def _stub_ratio(monkeypatch, ratio: float) -> None:
                                                         (2.8, torch.float32, "no fast bfloat16")])
 def test_auto_dtype_follows_the_measurement(tiny_dirs, monkeypatch, ratio, dtype, words):
     _stub_ratio(monkeypatch, ratio)
-    mm = load_model(str(tiny_dirs["llama"]), with_draft=False)
-    assert mm.dtype == dtype and next(mm.heads.parameters()).dtype == dtype
-    assert words in mm.dtype_reason and f"{ratio:.2f}x" in mm.dtype_reason
-    assert mm.gathered_attention == (dtype == torch.bfloat16)  # exact attention where it is needed
-    trace = generate(mm, "It is", DecodeSettings(max_new_tokens=6, tree="cpu-12"))
-    assert trace.dtype == str(dtype).removeprefix("torch.") and trace.dtype_reason == mm.dtype_reason
+    lm = load_model(str(tiny_dirs["llama"]), with_draft=False)
+    assert lm.dtype == dtype and next(lm.heads.parameters()).dtype == dtype
+    assert words in lm.dtype_reason and f"{ratio:.2f}x" in lm.dtype_reason
+    assert lm.gathered_attention == (dtype == torch.bfloat16)  # exact attention where it is needed
+    trace = generate(lm, "It is", DecodeSettings(max_new_tokens=6, tree="cpu-12"))
+    assert trace.dtype == str(dtype).removeprefix("torch.") and trace.dtype_reason == lm.dtype_reason
 
 
 @pytest.mark.parametrize("asked", ["float32", "bfloat16", torch.float32, torch.bfloat16])
 def test_a_dtype_asked_for_is_not_measured(tiny_dirs, monkeypatch, asked):
     monkeypatch.setattr(precision, "bfloat16_time_ratio", lambda weights: pytest.fail("measured"))
-    mm = load_model(str(tiny_dirs["llama"]), dtype=asked, with_draft=False)
-    assert str(mm.dtype).removeprefix("torch.") == str(asked).removeprefix("torch.") and mm.dtype_reason == ""
+    lm = load_model(str(tiny_dirs["llama"]), dtype=asked, with_draft=False)
+    assert str(lm.dtype).removeprefix("torch.") == str(asked).removeprefix("torch.") and lm.dtype_reason == ""
 
 
 def test_a_model_that_fits_the_caches_stays_float32_without_timing(tiny_llama, monkeypatch):
