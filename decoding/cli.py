@@ -16,6 +16,7 @@ from pathlib import Path
 from .errors import DecodingError
 from .fetch import WHEEL_MODELS
 from .settings import ACCEPTANCE_SCHEMES, METHODS, DecodeSettings
+from .trace import RunTrace
 
 
 def parse_tree(value: str) -> str | list[list[int]]:
@@ -100,8 +101,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     settings = _settings(args, args.tree)
     _set_threads(args)
-    # Plain decoding needs no heads: a model directory without any can still run it.
-    mm = load_model(args.model, args.heads, args.device, args.dtype, with_heads=args.method != "ar",
+    # Only Medusa needs heads: a model directory without any can still run the other methods.
+    mm = load_model(args.model, args.heads, args.device, args.dtype, with_heads=args.method == "medusa",
                     pack_linear=not args.no_pack, draft_model=args.draft_model,
                     with_draft=args.method == "draft-model")
     trace = generate(mm, args.prompt, settings)
@@ -110,13 +111,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
         return 0
     # A continuation follows its prompt; a chat model's answer is a reply, so it gets its own lines.
     print(trace.prompt + ("\n\n" if mm.use_chat_template else "") + trace.text)
-    print(
-        f"\n[{args.method}] {len(trace.tokens)} tokens in {trace.forward_passes} passes "
-        f"(mean {trace.mean_accepted:.2f} tokens per pass), {trace.tokens_per_second:.1f} tok/s, "
-        f"stopped at {trace.stop_reason}",
-        file=sys.stderr,
-    )
+    print(f"\n[{args.method}] {run_summary(trace)}", file=sys.stderr)
     return 0
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def run_summary(trace: RunTrace) -> str:
+    """One line on what a run did. The mean is over decoding passes, so a run that ended at its
+    prefill (one token asked for) has none to report."""
+    mean = f" (mean {trace.mean_accepted:.2f} tokens per pass)" if trace.rounds else ""
+    tokens, passes = _count(len(trace.tokens), "token", "tokens"), _count(trace.forward_passes, "pass", "passes")
+    return f"{tokens} in {passes}{mean}, {trace.tokens_per_second:.1f} tok/s, stopped at {trace.stop_reason}"
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -128,8 +136,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     trees = args.tree
     settings = _settings(args, trees[0])
     _set_threads(args)
-    mm = load_model(args.model, args.heads, args.device, args.dtype, pack_linear=not args.no_pack,
-                    draft_model=args.draft_model, with_draft="draft-model" in args.drafter)
+    mm = load_model(args.model, args.heads, args.device, args.dtype, with_heads="medusa" in args.drafter,
+                    pack_linear=not args.no_pack, draft_model=args.draft_model,
+                    with_draft="draft-model" in args.drafter)
     report = run_bench(mm, prompts, settings, trees, progress=not args.json,
                        compare_transformers=args.compare_transformers, drafters=args.drafter)
     print(json.dumps(report, indent=2) if args.json else format_table(report))
@@ -219,5 +228,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except DecodingError as e:
-        print(f"error: {e}", file=sys.stderr)
+        # One line, even where the message quotes a library's own several-line one.
+        print("error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2

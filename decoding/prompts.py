@@ -23,6 +23,9 @@ def read_prompts(path: Path) -> list[str]:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise DecodingError(f"cannot read prompts file {path}: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise DecodingError(f"prompts file {path} is not UTF-8 text (byte {e.start} is not): "
+                            "save it as UTF-8") from e
     if path.suffix == ".json":
         try:
             prompts = json.loads(text)
