@@ -41,11 +41,6 @@ class MedusaModel:
     draft: MedusaModel | None = None
     _token_texts: dict[int, str] = field(default_factory=dict, repr=False)
 
-    def __setattr__(self, name: str, value: object) -> None:
-        super().__setattr__(name, value)
-        if name == "heads":
-            self.__dict__.pop("draft_lm_head", None)  # it was chosen for the heads being replaced
-
     @property
     def num_heads(self) -> int:
         return 0 if self.heads is None else self.heads.num_heads
@@ -57,7 +52,9 @@ class MedusaModel:
 
         On a CPU it is a transposed copy of the lm_head, which multiplies a few rows faster
         (see TransposedLinear). On a GPU there is nothing to gain, and a 7B model's copy would
-        cost hundreds of MB, so there it is the lm_head itself.
+        cost hundreds of MB, so there it is the lm_head itself. It is computed once, for the
+        heads the model was made with: to try other heads, decode with a copy,
+        `dataclasses.replace(mm, heads=other)`, which computes its own.
         """
         lm_head = self.model.get_output_embeddings()
         if not self.heads.config.shared_lm_head:

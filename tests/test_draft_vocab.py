@@ -25,7 +25,7 @@ from decoding.training.recorded import (
     fit_recorded_heads,
     new_recorded_heads,
 )
-from tests.test_lossless import prompts, reference_greedy, trees
+from tests.test_lossless import prompts, reference_greedy, trees, with_heads
 
 NEW_TOKENS = 40
 
@@ -51,15 +51,11 @@ def vocab_heads(mm, draft_vocab: torch.Tensor, seed: int, reads_root: bool = Fal
 def test_truncated_vocab_drafting_is_lossless(tiny_models, prompt, choices, seed, size, arch, reads_root):
     mm = tiny_models[arch]
     vocab = torch.randperm(mm.heads.config.vocab_size, generator=torch.Generator().manual_seed(seed))[:size]
-    original = mm.heads
-    mm.heads = vocab_heads(mm, vocab, seed, reads_root)
-    try:
-        if max(max(p) for p in choices) >= size:
-            choices = [[min(r, size - 1) for r in p] for p in choices]
-            choices = [list(p) for p in sorted({tuple(p) for p in choices}, key=lambda p: (len(p), p))]
-        trace = generate(mm, prompt, DecodeSettings(max_new_tokens=NEW_TOKENS, tree=choices))
-    finally:
-        mm.heads = original
+    if max(max(p) for p in choices) >= size:
+        choices = [[min(r, size - 1) for r in p] for p in choices]
+        choices = [list(p) for p in sorted({tuple(p) for p in choices}, key=lambda p: (len(p), p))]
+    trace = generate(with_heads(mm, vocab_heads(mm, vocab, seed, reads_root)), prompt,
+                     DecodeSettings(max_new_tokens=NEW_TOKENS, tree=choices))
     assert trace.tokens == reference_greedy(mm, prompt, NEW_TOKENS)
     # Every guess the heads made came from the draft vocabulary.
     guessed = {t for r in trace.rounds for row in r.heads_topk_tokens for t in row}

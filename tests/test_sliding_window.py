@@ -19,7 +19,7 @@ from decoding import DecodeSettings, generate, load_model
 from decoding.heads import HeadsConfig, MedusaHeads
 from decoding.loading import load_draft_model
 from decoding.tiny import tiny_tokenizer
-from test_lossless import oracle_heads, reference_greedy
+from test_lossless import oracle_heads, reference_greedy, with_heads
 
 WINDOW = 16
 NEW_TOKENS = 48
@@ -74,13 +74,10 @@ def test_plain_decoding_equals_generate_past_the_window(windowed, prompt):
 @pytest.mark.parametrize("heads", ["untrained", "mostly right"])
 def test_medusa_equals_generate_past_the_window(windowed, tree, heads):
     prompt = PROMPTS[0]
-    original = windowed.heads
+    model = windowed
     if heads == "mostly right":  # long accepted paths: rows kept across the window's edge
-        windowed.heads = oracle_heads(windowed, prompt, num_heads=4, wrong_every=5)
-    try:
-        trace = generate(windowed, prompt, DecodeSettings(max_new_tokens=NEW_TOKENS, tree=tree))
-    finally:
-        windowed.heads = original
+        model = with_heads(windowed, oracle_heads(windowed, prompt, num_heads=4, wrong_every=5))
+    trace = generate(model, prompt, DecodeSettings(max_new_tokens=NEW_TOKENS, tree=tree))
     assert trace.tokens == reference_greedy(windowed, prompt, NEW_TOKENS)
     if heads == "mostly right":
         assert trace.mean_accepted > 2.0
