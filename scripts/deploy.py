@@ -1,6 +1,6 @@
 """Deploy the app to a Hugging Face Space in one command.
 
-    python -m app.deploy --space USER/NAME [--hardware a10g-small] [--model NAME] [--private] [--dry-run]
+    python -m scripts.deploy --space USER/NAME [--hardware a10g-small] [--model NAME] [--private] [--dry-run]
 
 What goes up is what git tracks (`git ls-files`, the working tree's copies), less what only
 developers need (tests, CI, lint configuration, scripts): the app, the engine, the assets and
@@ -293,7 +293,7 @@ def git_version(root: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m app.deploy", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.deploy", description=__doc__.split("\n\n")[0])
     parser.add_argument("--space", required=True, help="USER/NAME (or ORG/NAME) of the Space, created if missing")
     parser.add_argument("--hardware", default=None, metavar="FLAVOR",
                         help="Space hardware, e.g. zero-a10g (ZeroGPU), a10g-small, l4x1, a100-large; also "

@@ -14,11 +14,11 @@ from app.handlers import cache, switch_model, write_json
 from app.inputs import RunRequest, decode_settings, format_choices, race_lanes
 from app.layout import DEFAULT_PROMPTS, build_demo, example_rows, launch_options
 from app.models import ModelCache, describe, offered_models, require_offered
-from app.screenshots import free_port
 from decoding.errors import DecodingError
 from decoding.prompts import example_prompts
 from decoding.tiny import make_tiny_model_dir
 from decoding.trace import RunTrace
+from scripts.screenshots import free_port
 
 
 @pytest.fixture(scope="module")
