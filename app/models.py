@@ -12,7 +12,6 @@ on a tiny random model the engine builds in a second: gibberish, but every view 
 from __future__ import annotations
 
 import gc
-import json
 import os
 import tempfile
 import threading
@@ -22,10 +21,10 @@ from pathlib import Path
 import torch
 
 from decoding import available_drafters
+from decoding.assets import EMBEDDED_MODELS_DIR, HEADS_CONFIG, read_heads_config
 from decoding.errors import DecodingError
 from decoding.generate import generate
-from decoding.heads import CONFIG_NAME as OWN_HEADS_CONFIG
-from decoding.loading import EMBEDDED_MODELS_DIR, available_models, embedded_model_title, embedded_models, load_model
+from decoding.loading import available_models, embedded_model_title, embedded_models, load_model
 from decoding.model import MedusaModel
 from decoding.registry import MODEL_REGISTRY
 from decoding.settings import DecodeSettings
@@ -96,10 +95,10 @@ def heads_recipe(name: str) -> str | None:
     """"medusa-2" if an embedded model's base was tuned with its heads, "medusa-1" if it stayed
     frozen ("medusa-1-root" if its heads also read the root token), None if the model's heads
     config does not say (published models, directories)."""
-    config = EMBEDDED_MODELS_DIR / name / OWN_HEADS_CONFIG
-    if not config.is_file():
+    directory = EMBEDDED_MODELS_DIR / name
+    if not (directory / HEADS_CONFIG).is_file():
         return None
-    meta = json.loads(config.read_text(encoding="utf-8"))
+    meta = read_heads_config(directory)
     training = meta.get("training")
     if not isinstance(training, dict):
         return None

@@ -15,10 +15,11 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from .assets import EMBEDDED_MODELS_DIR
+from .assets import HEADS_CONFIG as OWN_HEADS_CONFIG
 from .checkpoints import find_heads, is_v01_directory, v01_base_model
 from .errors import DecodingError
 from .fetch import WHEEL_MODELS, fetched_dir, is_fetched
-from .heads import CONFIG_NAME as OWN_HEADS_CONFIG
 from .kv_cache import attention_layer_types
 from .model import MedusaModel, stop_token_ids
 from .packed_linear import pack_linear_layers
@@ -26,7 +27,6 @@ from .registry import MODEL_REGISTRY
 from .selftest import check_tree_attention
 from .tree import TREE_PRESETS
 
-EMBEDDED_MODELS_DIR = Path(__file__).resolve().parent.parent / "assets" / "models"
 DEFAULT_MODEL = "austen"
 
 def resolve_device(device: str = "auto") -> torch.device:

@@ -26,8 +26,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from decoding.assets import ASSETS_DIR
+
 ROOT = Path(__file__).resolve().parent.parent
-SCREENSHOTS = ROOT / "assets" / "screenshots"
+SCREENSHOTS = ASSETS_DIR / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
