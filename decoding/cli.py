@@ -196,8 +196,9 @@ def _fetch_arguments(p: argparse.ArgumentParser) -> None:
 
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
-    "generate": ("decode one prompt, Medusa or plain", _generate_arguments),
-    "bench": ("AR vs Medusa speed, side by side in one run", _bench_arguments),
+    "generate": ("decode one prompt: plain decoding, or with a drafter (Medusa heads, a draft model, prompt lookup)",
+                 _generate_arguments),
+    "bench": ("plain decoding vs each drafter, speed side by side in one run", _bench_arguments),
     "train-base": ("train the small base LM from scratch (offline, CPU)", _training("train-base")),
     "train-heads": ("train Medusa heads for any causal LM", _training("train-heads")),
     "self-distill": ("record a chat model's own answers for train-heads --recorded", _training("self-distill")),
@@ -211,7 +212,8 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     """The parser for `argv`: every command is listed, but only the one named gets its arguments
     (the training commands' arguments live in modules that import torch)."""
     parser = argparse.ArgumentParser(
-        prog="python -m decoding", description="Medusa decoding: decode, benchmark, train heads. "
+        prog="python -m decoding", description="Speculative decoding (Medusa heads, a draft model, "
+        "prompt lookup): decode, benchmark, train heads. "
         "`python -m decoding COMMAND --help` lists a command's options.")
     sub = parser.add_subparsers(dest="command", required=True)
     named = next((arg for arg in argv if arg in COMMANDS), None)

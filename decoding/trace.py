@@ -140,7 +140,7 @@ class RoundTrace:
     # The accepted path as node indices, root first; its length minus one is how many head
     # guesses were accepted.
     accepted_nodes: list[int] = field(default_factory=list)
-    # The token the round chose after its accepted path: the next round's root (Medusa only).
+    # The token the round chose after its accepted path: the next round's root (speculative runs).
     # Greedy: the base model's argmax at the last accepted node; typical and sampling: drawn
     # from the base model's distribution there, so it may differ from `base_argmax_tokens`.
     # Recorded even when the token budget cut it from `emitted_tokens`.
