@@ -23,6 +23,7 @@ import torch
 from decoding import available_drafters
 from decoding.assets import EMBEDDED_MODELS_DIR, HEADS_CONFIG, read_heads_config
 from decoding.errors import DecodingError
+from decoding.fetch import WHEEL_MODELS, is_fetched, not_fetched_message
 from decoding.generate import generate
 from decoding.loading import available_models, embedded_model_title, embedded_models, load_model
 from decoding.model import MedusaModel
@@ -41,11 +42,7 @@ KEEP_MODELS_ON_GPU = 1  # two 7B models (28-30 GB in float16) do not fit a 24 GB
 
 
 def _wheel_models() -> dict[str, str]:
-    """Wheel models and why each is missing, for those not fetched yet (none if the engine has none)."""
-    try:
-        from decoding.fetch import WHEEL_MODELS, is_fetched, not_fetched_message
-    except ImportError:
-        return {}
+    """Wheel models and why each is missing, for those not fetched yet."""
     return {name: not_fetched_message(name) for name in WHEEL_MODELS if not is_fetched(name)}
 
 

@@ -67,7 +67,3 @@ def example_prompts(model: str) -> list[str]:
     """The example prompts shipped for embedded model `model`."""
     return shipped_prompts(prompt_set(model))
 
-
-def bench_prompts(model: str) -> list[str]:
-    """The benchmark prompts shipped for embedded model `model`."""
-    return shipped_prompts(f"bench_{prompt_set(model)}")
