@@ -285,13 +285,15 @@ def test_the_page_offers_what_the_engine_can_load(monkeypatch):
 
 
 def test_a_model_that_is_not_fetched_is_named_with_the_command_that_gets_it(monkeypatch):
+    import app.models
     import decoding.fetch
     import decoding.loading
     from app.layout import model_note
 
     monkeypatch.delenv("MEDUSA_PLAYGROUND_MODEL", raising=False)
-    # Both names: loading imported its own, and decides whether the shipped smollm2 heads can load.
-    for module in (decoding.fetch, decoding.loading):
+    # Every module's name: loading decides whether the shipped smollm2 heads can load, the page
+    # which models to name as missing.
+    for module in (decoding.fetch, decoding.loading, app.models):
         monkeypatch.setattr(module, "is_fetched", lambda name: False)
     assert "python -m decoding fetch smollm2" in model_note()
     with pytest.raises(DecodingError, match="python -m decoding fetch smollm2"):
