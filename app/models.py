@@ -31,10 +31,9 @@ from decoding.registry import MODEL_REGISTRY
 from decoding.settings import DecodeSettings
 from decoding.tiny import make_tiny_model_dir
 
+from . import MODEL_ENV
 from .gpu import ON_ZERO_GPU
 
-# Set to a model name or directory to make it the default (the tests point it at a tiny model).
-MODEL_ENV = "MEDUSA_PLAYGROUND_MODEL"
 TINY = "tiny-random"
 PREFERRED_DEFAULT = "smollm2"  # the real chat model, where it has been fetched
 KEEP_MODELS = 2  # loaded models kept in memory on a CPU; the least recently used one goes first

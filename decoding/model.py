@@ -21,7 +21,8 @@ from .kv_cache import attention_layer_types
 
 @dataclass
 class MedusaModel:
-    """A base model with its heads, ready to decode. The app treats this as opaque."""
+    """A base model with its heads, ready to decode. The app reads only the fields that describe
+    it (see app/__init__.py); the engine's passes and loops use the rest."""
 
     name: str
     model: PreTrainedModel

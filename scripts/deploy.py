@@ -31,6 +31,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from app import MODEL_ENV
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # Tracked, but not part of the app: tests, CI, developer tools and their configuration.
@@ -41,7 +43,7 @@ LFS_MIN_SIZE = 10 * 1024 * 1024
 # UTF-8 is binary too (the Hub would refuse it as text).
 SNIFF_BYTES = 8000
 LICENSE_ID = "apache-2.0"
-MODEL_VARIABLE = "MEDUSA_PLAYGROUND_MODEL"  # read by app/models.py
+MODEL_VARIABLE = MODEL_ENV  # read by app/models.py
 ENDPOINT = "https://huggingface.co"
 
 

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from app import MODEL_ENV
 from decoding.assets import ASSETS_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,7 +59,7 @@ def running_app(model: str | None = None, timeout: float = 120) -> Iterator[str]
     env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port),
            "GRADIO_ANALYTICS_ENABLED": "False"}
     if model:
-        env["MEDUSA_PLAYGROUND_MODEL"] = model
+        env[MODEL_ENV] = model
     # The log goes to a file, not a pipe: nobody reads a pipe while the app runs, and a full
     # pipe would block the app.
     with tempfile.TemporaryFile() as log:

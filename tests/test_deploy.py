@@ -19,7 +19,7 @@ import yaml
 from huggingface_hub import constants as hub_constants
 from huggingface_hub.utils import _http as hub_http
 
-from app.models import MODEL_ENV
+from app import MODEL_ENV
 from scripts import deploy
 from scripts.deploy import (
     DeployError,
