@@ -110,10 +110,10 @@ def run_values(run: RunTrace) -> dict[str, str]:
         values |= {
             "best_round": str(best.index + 1),
             "best_accepted": str(best.accepted_length),
-            "best_guesses": str(sum(best.emitted_from_heads)),
+            "best_guesses": str(sum(best.emitted_from_drafter)),
             "best_text": _quoted(best.emitted_texts),
         }
-        if best.heads_topk_tokens and best.node_texts and run.tree is not None:
+        if best.guesses and best.node_texts and run.tree is not None:
             tree = run.round_tree(best)
             first_level = [n for n in range(tree.size) if tree.depths[n] == 1]
             values["best_head1_guesses"] = _quoted([best.node_texts[n] for n in first_level])

@@ -63,9 +63,9 @@ def _token_span(text: str, depth: int, method: str) -> str:
 
 def _pass_span(rnd: RoundTrace, current: int | None, method: str) -> str:
     """One round's tokens in a box; `data-round` lets a click on it select that round."""
-    guessed = sum(rnd.emitted_from_heads)
+    guessed = sum(rnd.emitted_from_drafter)
     spans = "".join(_token_span(text, depth + 1 if from_head else 0, method)
-                    for depth, (text, from_head) in enumerate(zip(rnd.emitted_texts, rnd.emitted_from_heads)))
+                    for depth, (text, from_head) in enumerate(zip(rnd.emitted_texts, rnd.emitted_from_drafter)))
     title = f"round {rnd.index + 1}: {rnd.accepted_length} token(s), {guessed} from {who_guessed(method)}"
     mark = " current" if rnd.index == current else ""
     return f'<span class="pass{mark}" data-round="{rnd.index + 1}" title="{title}">{spans}</span>'

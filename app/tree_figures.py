@@ -42,9 +42,9 @@ def drafter_of(rnd: RoundTrace) -> str:
 def head_prob(rnd: RoundTrace, tree: TreeTrace, node: int) -> float | None:
     """The drafter's own probability for the guess at `node`: a head's softmax or the draft
     model's (None for the root, and for prompt lookup, which copies with no probability)."""
-    if node == 0 or not rnd.heads_topk_probs:
+    if node == 0 or not rnd.guess_probs:
         return None
-    return rnd.heads_topk_probs[tree.heads[node] - 1][tree.ranks[node]]
+    return rnd.guess_probs[tree.heads[node] - 1][tree.ranks[node]]
 
 
 def _node_hover(tree: TreeTrace, rnd: RoundTrace, node: int, accepted: set[int]) -> str:

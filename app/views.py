@@ -82,7 +82,7 @@ def round_info(trace: RunTrace, index: int) -> str:
     """The numbers of one round, as measured."""
     rnd = trace.rounds[index]
     method = trace.settings.method
-    guessed = sum(rnd.emitted_from_heads)
+    guessed = sum(rnd.emitted_from_drafter)
     from_base = rnd.accepted_length - guessed
     tokens = " ".join(md_code(t, 14) for t in rnd.emitted_texts)
     if trace.tree is not None and rnd.tree_size:

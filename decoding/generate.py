@@ -200,7 +200,7 @@ def autoregressive_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings
         trace.rounds.append(RoundTrace(
             index=len(trace.rounds), position=len(prompt_ids) + produced - 1,
             emitted_tokens=kept, emitted_texts=[mm.token_text(t) for t in kept],
-            emitted_from_heads=[False] * len(kept),
+            emitted_from_drafter=[False] * len(kept),
             time_draft=0.0, time_verify=verified - start, time_accept=done - verified,
             t_end=clock.read(),
         ))
@@ -226,9 +226,9 @@ def _detail(mm: MedusaModel, drafter: Drafter, round_trace: RoundTrace, proposal
     tokens, best, best_p, node_p = (x.cpu().tolist() for x in (node_tokens, base_tokens, base_probs, node_probs))
     round_trace.root_token = root
     if proposal.guesses is not None:
-        round_trace.heads_topk_tokens = proposal.guesses.cpu().tolist()
+        round_trace.guesses = proposal.guesses.cpu().tolist()
     if proposal.guess_probs is not None:
-        round_trace.heads_topk_probs = proposal.guess_probs.cpu().tolist()
+        round_trace.guess_probs = proposal.guess_probs.cpu().tolist()
     round_trace.node_tokens, round_trace.node_texts = tokens, [mm.token_text(t) for t in tokens]
     round_trace.node_sources = ["base"] + [drafter.name] * (len(tokens) - 1)
     round_trace.node_base_probs = [None] + node_p
@@ -284,7 +284,7 @@ def speculative_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings) -
         round_trace = RoundTrace(
             index=len(trace.rounds), position=past,
             emitted_tokens=kept, emitted_texts=[mm.token_text(t) for t in kept],
-            emitted_from_heads=[i < len(new_tokens) - 1 for i in range(len(kept))],
+            emitted_from_drafter=[i < len(new_tokens) - 1 for i in range(len(kept))],
             time_draft=drafted - start, time_verify=verified - drafted,
             time_accept=accepted_done - verified, t_end=0.0,
             draft_passes=proposal.draft_passes, copied_from=proposal.copied_from,

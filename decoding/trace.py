@@ -101,11 +101,11 @@ class RoundTrace:
     # Position in the sequence (prompt + output so far) at which this round's root sits.
     position: int
     # Tokens this round added to the output, in order: accepted guesses, then the base model's
-    # own next token ("bonus"). `emitted_from_heads` says which of them were guesses (by the
+    # own next token ("bonus"). `emitted_from_drafter` says which of them were guesses (by the
     # heads, or by whichever drafter the run used).
     emitted_tokens: list[int]
     emitted_texts: list[str]
-    emitted_from_heads: list[bool]
+    emitted_from_drafter: list[bool]
     # Seconds spent in each phase and the moment (seconds since the run's start, prefill
     # included) this round's tokens were ready: the race replays runs on this clock.
     time_draft: float
@@ -121,11 +121,11 @@ class RoundTrace:
     copied_from: int | None = None
     # --- speculative runs only (empty for AR runs or when detailed tracing is off) ---
     root_token: int | None = None
-    # heads_topk_tokens[h][r]: head h+1's rank-r token, for the heads the tree reads (1..its depth);
+    # guesses[h][r]: head h+1's rank-r token, for the heads the tree reads (1..its depth);
     # probs are the head's softmax probability. For a draft model, its guess h+1 steps ahead and
     # its probability; for prompt lookup the copied tokens, with no probability (empty).
-    heads_topk_tokens: list[list[int]] = field(default_factory=list)
-    heads_topk_probs: list[list[float]] = field(default_factory=list)
+    guesses: list[list[int]] = field(default_factory=list)
+    guess_probs: list[list[float]] = field(default_factory=list)
     # Per tree node: its token, that token's text, the base model's probability of that token
     # given the node's parent (None for the root), and the base model's own top choice *after*
     # the node (argmax of the verify logits at that node) with its probability.

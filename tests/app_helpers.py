@@ -57,11 +57,11 @@ def make_round(tree: TreeTrace, index: int, accepted: list[int], t_start: float,
     return RoundTrace(
         index=index, position=10 + index, emitted_tokens=emitted,
         emitted_texts=[WORDS[t] for t in emitted],
-        emitted_from_heads=[True] * (len(emitted) - 1) + [False],
+        emitted_from_drafter=[True] * (len(emitted) - 1) + [False],
         time_draft=0.001, time_verify=0.004, time_accept=0.0005, t_end=t_start + 0.0055,
         root_token=root_token,
-        heads_topk_tokens=[[rng.randrange(len(WORDS)) for _ in range(top_k)] for _ in range(num_heads)],
-        heads_topk_probs=heads_probs,
+        guesses=[[rng.randrange(len(WORDS)) for _ in range(top_k)] for _ in range(num_heads)],
+        guess_probs=heads_probs,
         node_tokens=tokens, node_sources=["base"] + ["medusa"] * (n - 1), node_texts=[WORDS[t] for t in tokens],
         node_base_probs=[None] + [round(rng.random(), 3) for _ in range(n - 1)],
         base_argmax_tokens=argmax, base_argmax_texts=[WORDS[t] for t in argmax],
@@ -107,7 +107,7 @@ def make_ar_run(num_tokens: int, seconds_per_token: float = 0.004) -> RunTrace:
         word = (k + 1) % len(WORDS)
         trace.rounds.append(RoundTrace(
             index=k, position=4 + k, emitted_tokens=[word], emitted_texts=[WORDS[word]],
-            emitted_from_heads=[False], time_draft=0.0, time_verify=seconds_per_token,
+            emitted_from_drafter=[False], time_draft=0.0, time_verify=seconds_per_token,
             time_accept=0.0, t_end=t))
     trace.stop_reason, trace.total_time = "max_new_tokens", t
     return trace
@@ -129,13 +129,13 @@ def make_chain_run(method: str, accepted: list[int | None], length: int = 4, see
             for name in ("node_tokens", "node_texts", "node_base_probs", "base_argmax_tokens",
                          "base_argmax_texts", "base_argmax_probs"):
                 setattr(rnd, name, getattr(rnd, name)[:1])
-            rnd.heads_topk_tokens = []
+            rnd.guesses = []
         rnd.node_sources = ["base"] + [method] * (rnd.tree_size - 1)
         if method == "draft-model":
             rnd.draft_passes = length
-            rnd.heads_topk_probs = [[0.5] for _ in range(length)]
+            rnd.guess_probs = [[0.5] for _ in range(length)]
         else:
-            rnd.heads_topk_probs = []
+            rnd.guess_probs = []
             rnd.copied_from = None if count is None else 2 + rnd.index
     parameters = 30_000 if method == "draft-model" else 0
     run.drafter = DrafterInfo(method, f"a hand-made {method}", parameters, 4 * parameters,

@@ -29,8 +29,8 @@ def test_round_numbers_agree_with_the_tree_even_when_the_run_ends_mid_round():
     run = make_run(SMALL_CHOICES, accepted_leaves=[6])
     assert "accepted **3 guess(es)** · added **4 token(s)**: 3 from heads + 1 from" in views.round_info(run, 0)
     last = run.rounds[0]
-    last.emitted_tokens, last.emitted_texts, last.emitted_from_heads = (
-        last.emitted_tokens[:2], last.emitted_texts[:2], last.emitted_from_heads[:2])
+    last.emitted_tokens, last.emitted_texts, last.emitted_from_drafter = (
+        last.emitted_tokens[:2], last.emitted_texts[:2], last.emitted_from_drafter[:2])
     assert "accepted **3 guess(es)** · added **2 token(s)** (cut at the end of the run)" in views.round_info(run, 0)
 
 

@@ -168,7 +168,7 @@ def fake_run(method: str, tokens: int, seconds: float) -> RunTrace:
     """A finished run that wrote `tokens` tokens in `seconds`, one round per token."""
     settings = RunSettings(method=method, max_new_tokens=64, acceptance="sample", temperature=1.0, top_p=1.0,
                            epsilon=0.09, delta=0.3, seed=0, tree=None, num_heads=None)
-    rounds = [RoundTrace(index=i, position=i, emitted_tokens=[7], emitted_texts=["x"], emitted_from_heads=[False],
+    rounds = [RoundTrace(index=i, position=i, emitted_tokens=[7], emitted_texts=["x"], emitted_from_drafter=[False],
                          time_draft=0.0, time_verify=0.0, time_accept=0.0, t_end=0.0) for i in range(tokens - 1)]
     return RunTrace(model="m", device="cpu", dtype="float32", settings=settings, prompt="p", prompt_tokens=[1],
                     rounds=rounds, prefill_token=7, stop_reason="eos", total_time=seconds)

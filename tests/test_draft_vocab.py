@@ -58,7 +58,7 @@ def test_truncated_vocab_drafting_is_lossless(tiny_models, prompt, choices, seed
                      DecodeSettings(max_new_tokens=NEW_TOKENS, tree=choices))
     assert trace.tokens == reference_greedy(mm, prompt, NEW_TOKENS)
     # Every guess the heads made came from the draft vocabulary.
-    guessed = {t for r in trace.rounds for row in r.heads_topk_tokens for t in row}
+    guessed = {t for r in trace.rounds for row in r.guesses for t in row}
     assert guessed <= set(vocab.tolist())
 
 

@@ -94,7 +94,7 @@ def test_draft_model_cache_keeps_in_step(tiny_llama, tiny_dirs, top_k):
     for rnd in trace.rounds:
         ids = torch.tensor([written])
         expected = noisy.draft.model.generate(ids, do_sample=False, max_new_tokens=4, min_new_tokens=4)
-        assert [g[0] for g in rnd.heads_topk_tokens] == expected[0, ids.shape[1]:].tolist()
+        assert [g[0] for g in rnd.guesses] == expected[0, ids.shape[1]:].tolist()
         written += rnd.emitted_tokens
 
 

@@ -264,7 +264,7 @@ def test_figures_serialise_to_json(run):
 def test_stream_html_groups_tokens_by_pass_and_marks_head_tokens(run):
     html = stream_html(run)
     assert html.count('class="pass') == 1 + len(run.rounds)
-    assert html.count("tok-head") == sum(sum(r.emitted_from_heads) for r in run.rounds)
+    assert html.count("tok-head") == sum(sum(r.emitted_from_drafter) for r in run.rounds)
     assert stream_html(run, until=0.0).count('class="pass') == 0
 
 

@@ -201,7 +201,7 @@ def test_speculative_sampling_end_to_end(word_model, method, top_k):
         trace = generate(word_model, PROMPT, settings)
         pair = tuple(trace.tokens)
         counts[pair] = counts.get(pair, 0) + 1
-        guessed += trace.rounds[0].emitted_from_heads[0]
+        guessed += trace.rounds[0].emitted_from_drafter[0]
     # Not a vacuous pass: a good share of the second tokens were the drafter's guesses.
     assert guessed >= SAMPLES // 30, f"only {guessed} of {SAMPLES} second tokens were guesses"
     stat, dof = chi_square(counts, probs, SAMPLES)

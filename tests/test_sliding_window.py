@@ -113,5 +113,5 @@ def test_a_sliding_window_draft_model_keeps_in_step_past_the_window(mistral_draf
     for rnd in trace.rounds:
         ids = torch.tensor([written])
         expected = mistral_drafting.draft.model.generate(ids, do_sample=False, max_new_tokens=4, min_new_tokens=4)
-        assert [g[0] for g in rnd.heads_topk_tokens] == expected[0, ids.shape[1]:].tolist()
+        assert [g[0] for g in rnd.guesses] == expected[0, ids.shape[1]:].tolist()
         written += rnd.emitted_tokens
