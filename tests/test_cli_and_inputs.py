@@ -14,6 +14,7 @@ import pytest
 
 from decoding import DecodeSettings, DecodingError, RoundTrace, RunSettings, RunTrace, generate, load_model
 from decoding.cli import main
+from decoding.trace import RENAMED_ROUND_FIELDS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -267,6 +268,16 @@ def test_trace_json_round_trip(tiny_llama):
         for node in r.accepted_nodes[1:]:
             parent = trace.tree.parents[node]
             assert r.node_tokens[node] == r.base_argmax_tokens[parent]
+
+
+def test_a_trace_saved_under_the_old_field_names_still_reads(tiny_llama):
+    trace = generate(tiny_llama, "It is a truth", DecodeSettings(max_new_tokens=12))
+    saved = trace.to_dict()
+    for rnd in saved["rounds"]:
+        for old, new in RENAMED_ROUND_FIELDS.items():
+            rnd[old] = rnd.pop(new)
+    assert "heads_topk_tokens" in saved["rounds"][0] and "guesses" not in saved["rounds"][0]
+    assert RunTrace.from_dict(saved) == trace
 
 
 def test_plain_decoding_runs_on_a_model_without_heads(capsys, tiny_dirs, tmp_path):
