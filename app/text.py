@@ -136,7 +136,7 @@ def race_values(race: RaceResult) -> dict[str, str]:
         "round_cost": f"{cost:.2f}",
         "predicted_speedup": f"{medusa.tokens_per_pass / cost:.2f}" if cost else MISSING,
         "verify_cost": f"{verify:.2f}",
-        "draft_accept_cost": f"{rest_of_round_cost(ar, medusa):.2f}",
+        "rest_cost": f"{rest_of_round_cost(ar, medusa):.2f}",
         "ceiling_speedup": f"{medusa.tokens_per_pass / verify:.2f}" if verify else MISSING,
         "speedup": f"{spread.median:.2f}",
         "speedup_range": f"{spread.low:.2f}–{spread.high:.2f}",

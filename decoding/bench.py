@@ -98,7 +98,7 @@ def lane_figures(runs: LaneRuns, ar: Timing, acceptance: str) -> dict:
         "round_cost": round_cost(ar, untraced),
         "verify_cost": verify_cost(ar, untraced),
         # The rest of the round: drafting, accepting and bookkeeping (the key keeps its old name).
-        "draft_accept_cost": rest_of_round_cost(ar, untraced),
+        "rest_cost": rest_of_round_cost(ar, untraced),
         "identical": runs.identical if acceptance == "greedy" else None,
         "trace_overhead": recording_overhead(traced),
         # The same, as the difference of two noisy totals: a cross-check, not the figure.
@@ -285,7 +285,7 @@ def format_table(report: dict) -> str:
         lines.append(
             f"{row['label']:<26}{row['tree_size']:>6}{m['tokens_per_second']:>9.1f}"
             f"{row['speedup']:>8.2f}x{row['mean_accepted']:>15.2f}{row['round_cost']:>7.2f} steps"
-            f"{row['verify_cost']:>8.2f}{row['draft_accept_cost']:>8.2f}{m['forward_passes']:>8}"
+            f"{row['verify_cost']:>8.2f}{row['rest_cost']:>8.2f}{m['forward_passes']:>8}"
             f"{row['trace_overhead']:>11.1%}{same:>11}"
         )
     if any(row["identical"] is False for row in report["lanes"]):
