@@ -41,7 +41,7 @@ class TreeTrace:
     def size(self) -> int:
         return len(self.parents)
 
-    def cut(self, size: int) -> TreeTrace:
+    def first_nodes(self, size: int) -> TreeTrace:
         """The first `size` nodes. Near the context limit a round verifies only the tree levels
         that still fit; nodes are ordered by depth, so those levels are a prefix of the tree."""
         if size >= self.size:
@@ -253,7 +253,7 @@ class RunTrace:
         """The tree a round verified: the run's tree, cut where the round ran out of context."""
         if self.tree is None or not round_trace.tree_size:
             return self.tree
-        return self.tree.cut(round_trace.tree_size)
+        return self.tree.first_nodes(round_trace.tree_size)
 
     # ----- JSON -----
     def to_dict(self) -> dict[str, Any]:
