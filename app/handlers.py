@@ -27,7 +27,7 @@ from gradio.components import Component
 
 from decoding import available_drafters
 from decoding.errors import DecodingError
-from decoding.generate import generate, stream
+from decoding.loops import generate, stream
 from decoding.model import MedusaModel
 from decoding.settings import DecodeSettings
 from decoding.trace import RunTrace

@@ -24,8 +24,8 @@ from decoding import available_drafters
 from decoding.assets import EMBEDDED_MODELS_DIR, HEADS_CONFIG, read_heads_config
 from decoding.errors import DecodingError
 from decoding.fetch import WHEEL_MODELS, is_fetched, not_fetched_message
-from decoding.generate import generate
 from decoding.loading import available_models, embedded_model_title, embedded_models, load_model
+from decoding.loops import generate
 from decoding.model import MedusaModel
 from decoding.registry import MODEL_REGISTRY
 from decoding.settings import DecodeSettings

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from decoding.errors import DecodingError
-from decoding.generate import generate
+from decoding.loops import generate
 from decoding.model import MedusaModel
 from decoding.settings import DecodeSettings
 from decoding.stats import Spread, Timing, draft_cost, speedup, spread

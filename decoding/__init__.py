@@ -17,7 +17,7 @@ import types
 
 _HOMES = {
     "DecodingError": "errors",
-    "autoregressive_decode": "generate", "generate": "generate", "speculative_decode": "generate", "stream": "generate",
+    "autoregressive_decode": "loops", "generate": "loops", "speculative_decode": "loops", "stream": "loops",
     "MedusaModel": "model", "available_models": "loading", "embedded_model_title": "loading",
     "embedded_models": "loading", "load_model": "loading",
     "MODEL_REGISTRY": "registry", "RegistryEntry": "registry",
@@ -45,7 +45,7 @@ class _Package(types.ModuleType):
 
     @generate.setter
     def generate(self, submodule: types.ModuleType) -> None:
-        pass  # the submodule stays reachable as sys.modules["decoding.generate"]
+        pass  # the submodule stays reachable as sys.modules["decoding.loops"]
 
 
 sys.modules[__name__].__class__ = _Package

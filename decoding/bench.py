@@ -24,7 +24,7 @@ from tqdm import tqdm
 from transformers import GenerationConfig, PreTrainedModel
 
 from .drafters import make_drafter
-from .generate import encode_prompt, generate
+from .loops import encode_prompt, generate
 from .model import MedusaModel, padding_id
 from .settings import DecodeSettings
 from .stats import Timing, recording_overhead, rest_of_round_cost, round_cost, speedup, verify_cost

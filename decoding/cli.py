@@ -96,8 +96,8 @@ def _set_threads(args: argparse.Namespace) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .generate import generate
     from .loading import load_model
+    from .loops import generate
 
     settings = _settings(args, args.tree)
     _set_threads(args)

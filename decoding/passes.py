@@ -1,7 +1,7 @@
 """The forward passes: prefill, one-token decode, drafting with the heads, and tree verification.
 
 Everything here is one call of the model (or of the heads) and nothing else; the round loops in
-`generate.py` decide what to do with the results.
+`loops.py` decide what to do with the results.
 """
 
 from __future__ import annotations

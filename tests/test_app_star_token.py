@@ -8,7 +8,7 @@ import pytest
 
 from app.tokens import figure_text
 from app.tree_figures import tree_figure
-from decoding.generate import generate
+from decoding.loops import generate
 from decoding.settings import DecodeSettings
 
 

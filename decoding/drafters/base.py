@@ -1,6 +1,6 @@
 """What every drafter does: propose a tree of guesses for the next round, and keep in step.
 
-Speculative decoding, Medusa and prompt lookup share one loop (`generate.speculative_decode`):
+Speculative decoding, Medusa and prompt lookup share one loop (`loops.speculative_decode`):
 guess some tokens ahead, verify all of them in ONE pass of the base model, keep the longest
 prefix the base model agrees with. They differ only in where the guesses come from:
 

@@ -26,7 +26,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from ..generate import chat_prompt_ids
+from ..loops import chat_prompt_ids
 from ..model import padding_id, stop_token_ids
 from .batches import cut_at_stop, pad_batch
 from .checkpoint import write_atomically
