@@ -28,7 +28,7 @@ from gradio.components import Component
 from decoding import available_drafters
 from decoding.errors import DecodingError
 from decoding.loops import generate, stream
-from decoding.model import MedusaModel
+from decoding.model import LoadedModel
 from decoding.settings import DecodeSettings
 from decoding.trace import RunTrace
 
@@ -126,21 +126,21 @@ def refusal(error: DecodingError) -> gr.Error:
     return gr.Error(toast_text(error))
 
 
-def _load(name: str) -> MedusaModel:
+def _load(name: str) -> LoadedModel:
     try:
         return cache.get(require_offered(name))
     except DecodingError as e:
         raise refusal(e) from e
 
 
-def _settings(model: MedusaModel, request: RunRequest, methods: list[str] | None = None) -> DecodeSettings:
+def _settings(model: LoadedModel, request: RunRequest, methods: list[str] | None = None) -> DecodeSettings:
     try:
         return decode_settings(model, request, methods)
     except DecodingError as e:
         raise refusal(e) from e
 
 
-def _lanes(model: MedusaModel, request: RunRequest) -> list[str]:
+def _lanes(model: LoadedModel, request: RunRequest) -> list[str]:
     try:
         return race_lanes(model, request)
     except DecodingError as e:

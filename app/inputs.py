@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from decoding import available_drafters
 from decoding.errors import DecodingError
-from decoding.model import MedusaModel
+from decoding.model import LoadedModel
 from decoding.settings import DecodeSettings
 from decoding.tree import Tree
 
@@ -75,7 +75,7 @@ def describe_tree(text: str, preset_choices: list[list[int]] | None, model_heads
     return f"✓ {tree.size} nodes incl. root · {len(tree.leaves)} candidate paths · {tree.max_depth} deep"
 
 
-def tree_spec(model: MedusaModel, preset: str, text: str, num_heads: int) -> str | list[list[int]]:
+def tree_spec(model: LoadedModel, preset: str, text: str, num_heads: int) -> str | list[list[int]]:
     """A preset name when the editor still holds that preset (or is empty), else the edited,
     validated list. Using the first n heads keeps the paths at most n deep, as the engine does."""
     preset = preset if preset in model.trees else model.default_tree
@@ -99,7 +99,7 @@ def whole(value: object, name: str) -> int:
     return int(number)
 
 
-def check_method(model: MedusaModel, method: object, plain: bool = False) -> str:
+def check_method(model: LoadedModel, method: object, plain: bool = False) -> str:
     """`method` if `model` can run it (plain decoding "ar" too where `plain`), else DecodingError."""
     offered = (["ar"] if plain else []) + available_drafters(model)
     if method not in offered:
@@ -107,7 +107,7 @@ def check_method(model: MedusaModel, method: object, plain: bool = False) -> str
     return str(method)
 
 
-def decode_settings(model: MedusaModel, request: RunRequest, methods: list[str] | None = None) -> DecodeSettings:
+def decode_settings(model: LoadedModel, request: RunRequest, methods: list[str] | None = None) -> DecodeSettings:
     """The visitor's choices as engine settings for `methods` (default: the Playground's drafter),
     all of which the model must offer; the first is the settings' method. Validated: DecodingError
     if anything is off. The tree is read only where Medusa runs: a half-edited tree never blocks a
@@ -132,7 +132,7 @@ def decode_settings(model: MedusaModel, request: RunRequest, methods: list[str] 
     return settings
 
 
-def race_lanes(model: MedusaModel, request: RunRequest) -> list[str]:
+def race_lanes(model: LoadedModel, request: RunRequest) -> list[str]:
     """The drafters ticked for the race, in the order the model offers them (each checked)."""
     ticked = list(request.lanes or [])
     if not ticked:

@@ -18,7 +18,7 @@ import gradio as gr
 
 from decoding import available_drafters
 from decoding.assets import ASSETS_DIR
-from decoding.model import MedusaModel
+from decoding.model import LoadedModel
 from decoding.prompts import example_prompts
 from decoding.settings import DecodeSettings
 
@@ -213,7 +213,7 @@ def _playground_tab() -> dict:
                 play_button=play_btn)
 
 
-def _drafter_controls(model: MedusaModel) -> dict:
+def _drafter_controls(model: LoadedModel) -> dict:
     """The drafter and its settings: the tree for Medusa, the draft length for a draft model, the
     lookup length for prompt lookup (only the chosen drafter's are shown; see handlers.drafter_controls)."""
     drafters = available_drafters(model)

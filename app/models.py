@@ -26,7 +26,7 @@ from decoding.errors import DecodingError
 from decoding.fetch import WHEEL_MODELS, is_fetched, not_fetched_message
 from decoding.loading import available_models, embedded_model_title, embedded_models, load_model
 from decoding.loops import generate
-from decoding.model import MedusaModel
+from decoding.model import LoadedModel
 from decoding.registry import MODEL_REGISTRY
 from decoding.settings import DecodeSettings
 from decoding.tiny import make_tiny_model_dir
@@ -120,12 +120,12 @@ class ModelCache:
 
     def __init__(self, keep: int | None = None) -> None:
         self.keep = models_to_keep() if keep is None else keep
-        self._models: OrderedDict[str, MedusaModel] = OrderedDict()
+        self._models: OrderedDict[str, LoadedModel] = OrderedDict()
         self._lock = threading.Lock()
         self._loading: dict[str, threading.Lock] = {}
         self._tiny_dir: Path | None = None
 
-    def get(self, name: str) -> MedusaModel:
+    def get(self, name: str) -> LoadedModel:
         """The loaded model, or DecodingError with a message for the page."""
         with self._lock:
             if name in self._models:
@@ -160,7 +160,7 @@ class ModelCache:
         with self._lock:
             return list(self._models)
 
-    def _load(self, name: str) -> MedusaModel:
+    def _load(self, name: str) -> LoadedModel:
         if name == TINY:
             if self._tiny_dir is None:
                 self._tiny_dir = make_tiny_model_dir(Path(tempfile.mkdtemp(prefix="medusa-tiny-")))
@@ -174,7 +174,7 @@ class ModelCache:
             raise DecodingError(f"could not load model {name!r}: {type(e).__name__}: {e}") from e
 
 
-def warm_up(model: MedusaModel) -> None:
+def warm_up(model: LoadedModel) -> None:
     """One short run of each decoder, so the first visitor does not pay for lazy initialisation."""
     for method in ("ar", *available_drafters(model)):
         generate(model, "It is", DecodeSettings(method=method, max_new_tokens=4))

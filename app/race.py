@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from decoding.errors import DecodingError
 from decoding.loops import generate
-from decoding.model import MedusaModel
+from decoding.model import LoadedModel
 from decoding.settings import DecodeSettings
 from decoding.stats import Spread, Timing, draft_cost, speedup, spread
 from decoding.trace import RunTrace
@@ -115,7 +115,7 @@ class RaceFrame:
         return self.result.shown if self.result else {}
 
 
-def race(model: MedusaModel, prompt: str, settings: DecodeSettings, drafters: list[str],
+def race(model: LoadedModel, prompt: str, settings: DecodeSettings, drafters: list[str],
          races: int = DEFAULT_RACES, focus: str | None = None) -> Iterator[RaceFrame]:
     """Race plain decoding and each of `drafters` (every one with `settings`, its method changed)
     `races` times in rotating order after a warm-up, then replay the focus drafter's median race."""

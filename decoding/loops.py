@@ -25,7 +25,7 @@ from .acceptance import Verdict, greedy_accept, sampling_distribution, speculati
 from .drafters import Drafter, Proposal, make_drafter
 from .errors import DecodingError
 from .kv_cache import compact_cache, new_cache
-from .model import MedusaModel
+from .model import LoadedModel
 from .passes import decode_one_token, prefill, verify_tree
 from .settings import DecodeSettings
 from .trace import RoundTrace, RunSettings, RunTrace
@@ -67,7 +67,7 @@ def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     return list(encoded["input_ids"])
 
 
-def encode_prompt(mm: MedusaModel, prompt: str) -> list[int]:
+def encode_prompt(mm: LoadedModel, prompt: str) -> list[int]:
     if not isinstance(prompt, str):
         raise DecodingError(f"the prompt must be text (a str), not {type(prompt).__name__}")
     if not prompt.strip():
@@ -110,7 +110,7 @@ def accept(
     return speculative_accept(tree, node_tokens, logits, settings.temperature, settings.top_p, generator)
 
 
-def _new_trace(mm: MedusaModel, prompt: str, prompt_ids: list[int], settings: DecodeSettings,
+def _new_trace(mm: LoadedModel, prompt: str, prompt_ids: list[int], settings: DecodeSettings,
                drafter: Drafter | None) -> RunTrace:
     medusa = settings.method == "medusa"
     run_settings = RunSettings(
@@ -140,7 +140,7 @@ def _make_generator(seed: int | None) -> torch.Generator:
     return generator
 
 
-def _cut_at_stop(mm: MedusaModel, tokens: list[int], produced: int, limit: int) -> tuple[list[int], str]:
+def _cut_at_stop(mm: LoadedModel, tokens: list[int], produced: int, limit: int) -> tuple[list[int], str]:
     """Trim a round's new tokens at an end-of-sequence token or at the token budget."""
     kept: list[int] = []
     for token in tokens:
@@ -152,7 +152,7 @@ def _cut_at_stop(mm: MedusaModel, tokens: list[int], produced: int, limit: int) 
     return kept, "max_new_tokens" if produced + len(kept) >= limit else ""
 
 
-def _start(mm: MedusaModel, trace: RunTrace, clock: Stopwatch, logits: torch.Tensor,
+def _start(mm: LoadedModel, trace: RunTrace, clock: Stopwatch, logits: torch.Tensor,
            settings: DecodeSettings, generator: torch.Generator) -> int:
     """Record the prefill's token; returns it."""
     token = choose_token(logits, settings, generator)
@@ -174,7 +174,7 @@ def _hand_over(trace: RunTrace, clock: Stopwatch) -> Iterator[RunTrace]:
 
 # ----- plain autoregressive decoding -----
 @torch.inference_mode()
-def autoregressive_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings) -> Iterator[RunTrace]:
+def autoregressive_decode(mm: LoadedModel, prompt: str, settings: DecodeSettings) -> Iterator[RunTrace]:
     """One pass per token: the baseline Medusa must match (greedy) and beat (speed)."""
     prompt_ids = encode_prompt(mm, prompt)
     trace = _new_trace(mm, prompt, prompt_ids, settings, drafter=None)
@@ -211,7 +211,7 @@ def autoregressive_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings
 
 
 # ----- speculative decoding: Medusa, a draft model, prompt lookup -----
-def _detail(mm: MedusaModel, drafter: Drafter, round_trace: RoundTrace, proposal: Proposal,
+def _detail(mm: LoadedModel, drafter: Drafter, round_trace: RoundTrace, proposal: Proposal,
             logits: torch.Tensor, accepted: list[int], root: int) -> None:
     """Fill in what the UI shows for a round: the drafter's guesses, and the base model at every node."""
     tree, node_tokens = proposal.tree, proposal.tokens
@@ -239,7 +239,7 @@ def _detail(mm: MedusaModel, drafter: Drafter, round_trace: RoundTrace, proposal
 
 
 @torch.inference_mode()
-def speculative_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings) -> Iterator[RunTrace]:
+def speculative_decode(mm: LoadedModel, prompt: str, settings: DecodeSettings) -> Iterator[RunTrace]:
     """Draft a tree of guesses, verify it in one pass, accept, compact; repeat. Any drafter."""
     prompt_ids = encode_prompt(mm, prompt)
     drafter = make_drafter(mm, settings)
@@ -303,9 +303,9 @@ def speculative_decode(mm: MedusaModel, prompt: str, settings: DecodeSettings) -
     yield trace
 
 
-def stream(mm: MedusaModel, prompt: str, settings: DecodeSettings) -> Iterator[RunTrace]:
+def stream(mm: LoadedModel, prompt: str, settings: DecodeSettings) -> Iterator[RunTrace]:
     """Yield the run's trace as it grows; the last one yielded has `stop_reason` set."""
-    if not isinstance(mm, MedusaModel):
+    if not isinstance(mm, LoadedModel):
         raise DecodingError(f"decode with a model from load_model(), not {type(mm).__name__}")
     if not isinstance(settings, DecodeSettings):
         raise DecodingError(f"settings must be a DecodeSettings, not {type(settings).__name__}")
@@ -314,7 +314,7 @@ def stream(mm: MedusaModel, prompt: str, settings: DecodeSettings) -> Iterator[R
     yield from decode(mm, prompt, settings)
 
 
-def generate(mm: MedusaModel, prompt: str, settings: DecodeSettings) -> RunTrace:
+def generate(mm: LoadedModel, prompt: str, settings: DecodeSettings) -> RunTrace:
     """Run to the end and return the full trace (the last one `stream` yields)."""
     *_, trace = stream(mm, prompt, settings)
     return trace

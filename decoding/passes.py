@@ -12,12 +12,12 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import CacheLayerMixin
 
-from .model import MedusaModel
+from .model import LoadedModel
 from .tree import Tree
 
 
 def run_model(
-    mm: MedusaModel,
+    mm: LoadedModel,
     input_ids: list[int] | torch.Tensor,
     cache: DynamicCache,
     attention_mask: torch.Tensor | None = None,
@@ -48,21 +48,21 @@ def run_model(
 
 
 def prefill(
-    mm: MedusaModel, prompt_ids: list[int], cache: DynamicCache, want_hidden: bool = False
+    mm: LoadedModel, prompt_ids: list[int], cache: DynamicCache, want_hidden: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run the prompt; return the logits after its last token (V,) and that token's hidden state."""
     logits, hidden = run_model(mm, prompt_ids, cache, last_only=True, want_hidden=want_hidden)
     return logits[-1], None if hidden is None else hidden[-1]
 
 
-def decode_one_token(mm: MedusaModel, token: int, cache: DynamicCache) -> torch.Tensor:
+def decode_one_token(mm: LoadedModel, token: int, cache: DynamicCache) -> torch.Tensor:
     """Plain autoregressive step: feed one token, get the logits (V,) for the next."""
     logits, _ = run_model(mm, [token], cache)
     return logits[-1]
 
 
 def draft(
-    mm: MedusaModel, hidden: torch.Tensor, tree: Tree, root: int, with_probs: bool = True
+    mm: LoadedModel, hidden: torch.Tensor, tree: Tree, root: int, with_probs: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The top-k guesses of the heads the tree reads, from one hidden state: (depth, k) each.
 
@@ -131,7 +131,7 @@ def tree_attention_mask(
 
 
 def tree_inputs(
-    mm: MedusaModel, tree: Tree, cache: DynamicCache
+    mm: LoadedModel, tree: Tree, cache: DynamicCache
 ) -> tuple[torch.Tensor | dict[str, torch.Tensor], torch.Tensor]:
     """The attention mask and position ids that let one pass verify every node of `tree`.
 
@@ -145,7 +145,7 @@ def tree_inputs(
 
 
 def verify_tree(
-    mm: MedusaModel, tree: Tree, node_tokens: torch.Tensor, cache: DynamicCache, want_hidden: bool = True
+    mm: LoadedModel, tree: Tree, node_tokens: torch.Tensor, cache: DynamicCache, want_hidden: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One forward pass over all T tree nodes: logits (T, V) and, if wanted, hidden states (T, H)."""
     if tree.is_chain:

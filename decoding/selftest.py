@@ -15,7 +15,7 @@ import torch
 
 from .errors import DecodingError
 from .kv_cache import compact_cache, new_cache
-from .model import MedusaModel
+from .model import LoadedModel
 from .passes import decode_one_token, run_model, tree_inputs
 from .tree import Tree
 
@@ -26,7 +26,7 @@ def _tolerance(dtype: torch.dtype) -> float:
     return 1e-3 if dtype == torch.float32 else 3e-2
 
 
-def _linear_logits(mm: MedusaModel, tokens: list[int]) -> torch.Tensor:
+def _linear_logits(mm: LoadedModel, tokens: list[int]) -> torch.Tensor:
     """Logits after the last of `tokens`, run from scratch with no tree and no tricks."""
     logits, _ = run_model(mm, tokens, new_cache(mm.model.config), last_only=True)
     return logits[-1].float()
@@ -36,12 +36,12 @@ def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> bool:
     return bool((a.float() - b.float()).abs().max() <= _tolerance(dtype) * (b.abs().max() + 1.0))
 
 
-def _refuse(mm: MedusaModel, reason: str) -> DecodingError:
+def _refuse(mm: LoadedModel, reason: str) -> DecodingError:
     return DecodingError(f"{mm.name} ({mm.model.config.model_type}) cannot use Medusa tree attention: {reason}")
 
 
 @torch.inference_mode()
-def check_tree_attention(mm: MedusaModel, seed: int = 0) -> None:
+def check_tree_attention(mm: LoadedModel, seed: int = 0) -> None:
     """Raise DecodingError unless tree verification reproduces linear decoding on this model.
 
     Only a real mismatch is reported as the architecture's fault; any other exception is let

@@ -21,20 +21,20 @@ from transformers.generation.candidate_generator import PromptLookupCandidateGen
 from decoding import DecodeSettings, DecodingError, RunTrace, generate
 from decoding.drafters import find_continuation
 from decoding.loading import load_draft_model, load_model
-from decoding.model import MedusaModel
+from decoding.model import LoadedModel
 from decoding.tiny import tiny_model
 
 NEW_TOKENS = 40
 prompts = st.text(alphabet="abcdefghij klmnop,.", min_size=1, max_size=40).filter(str.strip)
 
 
-def reference_greedy(mm: MedusaModel, prompt: str, new_tokens: int) -> list[int]:
+def reference_greedy(mm: LoadedModel, prompt: str, new_tokens: int) -> list[int]:
     ids = mm.tokenizer(prompt, return_tensors="pt").input_ids
     out = mm.model.generate(ids, do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
     return out[0, ids.shape[1]:].tolist()
 
 
-def noisy_draft(mm: MedusaModel, directory, noise: float, seed: int) -> MedusaModel:
+def noisy_draft(mm: LoadedModel, directory, noise: float, seed: int) -> LoadedModel:
     """The base model (read again from its directory) with noise on every weight, as a draft."""
     model = AutoModelForCausalLM.from_pretrained(directory).eval()
     generator = torch.Generator().manual_seed(seed)

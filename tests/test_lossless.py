@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from decoding import DecodeSettings, generate
 from decoding.heads import HeadsConfig, MedusaHeads
-from decoding.model import MedusaModel
+from decoding.model import LoadedModel
 
 NEW_TOKENS = 48
 
@@ -40,7 +40,7 @@ def reference_greedy(mm, prompt: str, new_tokens: int) -> list[int]:
     return out[0, ids.shape[1]:].tolist()
 
 
-def with_heads(mm: MedusaModel, heads: MedusaHeads) -> MedusaModel:
+def with_heads(mm: LoadedModel, heads: MedusaHeads) -> LoadedModel:
     """The model with other heads: a copy, so the shared fixture keeps its own (and the copy
     computes its own draft projection for them)."""
     return dataclasses.replace(mm, heads=heads)

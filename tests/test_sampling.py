@@ -21,7 +21,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from decoding import DecodeSettings, Tree, generate
 from decoding.acceptance import speculative_accept, typical_accept
 from decoding.heads import HeadsConfig, MedusaHeads
-from decoding.model import MedusaModel
+from decoding.model import LoadedModel
 
 VOCAB = 5
 TEMPERATURE, TOP_P = 0.9, 0.9
@@ -159,7 +159,7 @@ SAMPLES = 300
 
 
 @pytest.fixture(scope="module")
-def word_model() -> MedusaModel:
+def word_model() -> LoadedModel:
     """A 6-token model: small enough to work out its exact distribution over two tokens."""
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="a"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -173,9 +173,9 @@ def word_model() -> MedusaModel:
     common = dict(tokenizer=tokenizer, device=torch.device("cpu"), dtype=torch.float32, context_length=64,
                   eos_token_ids=frozenset())
     # A draft model: another model of the same shape, whose argmax is sometimes the base's.
-    draft = MedusaModel(name="words draft", model=LlamaForCausalLM(config).eval(), heads=None, trees={},
+    draft = LoadedModel(name="words draft", model=LlamaForCausalLM(config).eval(), heads=None, trees={},
                         default_tree="", **common)
-    return MedusaModel(name="words", model=model, heads=heads.eval(), draft=draft,
+    return LoadedModel(name="words", model=model, heads=heads.eval(), draft=draft,
                        trees={"full": [[0], [1], [0, 0], [0, 1], [1, 0], [1, 1]]}, default_tree="full", **common)
 
 

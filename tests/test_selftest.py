@@ -7,7 +7,7 @@ import torch
 from transformers import BloomConfig, BloomForCausalLM, MambaConfig, MambaForCausalLM
 
 from decoding import DecodingError, load_model
-from decoding.model import MedusaModel
+from decoding.model import LoadedModel
 from decoding.selftest import check_tree_attention
 from decoding.tiny import tiny_tokenizer
 
@@ -30,7 +30,7 @@ def test_self_test_itself_catches_alibi(tiny_llama):
     torch.manual_seed(0)
     bloom = BloomForCausalLM(BloomConfig(vocab_size=320, hidden_size=32, n_layer=2, n_head=4,
                                          initializer_range=0.3)).eval()
-    mm = MedusaModel(
+    mm = LoadedModel(
         name="tiny-bloom", model=bloom, tokenizer=tiny_llama.tokenizer, heads=tiny_llama.heads,
         device=torch.device("cpu"), dtype=torch.float32, context_length=512, trees={},
         default_tree="cpu-12", eos_token_ids=frozenset(),

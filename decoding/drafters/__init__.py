@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..errors import DecodingError
-from ..model import MedusaModel
+from ..model import LoadedModel
 from ..settings import DecodeSettings
 from .base import Drafter, Proposal
 from .draft_model import DraftModelDrafter
@@ -14,13 +14,13 @@ __all__ = ["Drafter", "DraftModelDrafter", "MedusaHeadsDrafter", "PromptLookupDr
            "available_drafters", "find_continuation", "make_drafter", "resolve_tree"]
 
 
-def available_drafters(mm: MedusaModel) -> list[str]:
+def available_drafters(mm: LoadedModel) -> list[str]:
     """The drafters `mm` can run: heads and a draft model only where it has them."""
     return [name for name, present in (("medusa", mm.heads is not None), ("draft-model", mm.draft is not None),
                                        ("prompt-lookup", True)) if present]
 
 
-def make_drafter(mm: MedusaModel, settings: DecodeSettings) -> Drafter:
+def make_drafter(mm: LoadedModel, settings: DecodeSettings) -> Drafter:
     """The drafter a run's method names, set up for `mm`."""
     if settings.method == "medusa":
         return MedusaHeadsDrafter(mm, resolve_tree(mm, settings))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from ..kv_cache import new_cache
-from ..model import MedusaModel
+from ..model import LoadedModel
 from ..passes import run_model
 from ..trace import DrafterInfo
 from ..tree import Tree
@@ -39,7 +39,7 @@ def draft_tree(length: int, top_k: int) -> Tree:
 class DraftModelDrafter(Drafter):
     name = "draft-model"
 
-    def __init__(self, draft: MedusaModel, length: int, top_k: int = 1) -> None:
+    def __init__(self, draft: LoadedModel, length: int, top_k: int = 1) -> None:
         self.draft, self.length, self.top_k = draft, length, top_k
         self.tree = draft_tree(length, top_k)
         self.written: list[int] = []

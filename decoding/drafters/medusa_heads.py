@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import DecodingError
-from ..model import MedusaModel
+from ..model import LoadedModel
 from ..passes import draft
 from ..settings import DecodeSettings
 from ..trace import DrafterInfo
@@ -18,7 +18,7 @@ from ..tree import Tree
 from .base import Drafter, Proposal, root_only
 
 
-def resolve_tree(mm: MedusaModel, settings: DecodeSettings) -> Tree:
+def resolve_tree(mm: LoadedModel, settings: DecodeSettings) -> Tree:
     """The tree to verify each round: a preset or shipped tree by name, or a custom choices list."""
     if mm.heads is None:
         raise DecodingError(f"{mm.name} was loaded without Medusa heads: only plain decoding (method ar) can run")
@@ -42,7 +42,7 @@ class MedusaHeadsDrafter(Drafter):
     name = "medusa"
     reads_hidden = True
 
-    def __init__(self, mm: MedusaModel, tree: Tree) -> None:
+    def __init__(self, mm: LoadedModel, tree: Tree) -> None:
         self.mm, self.tree = mm, tree
         self._draft_index = tree.draft_index.to(mm.device)
 
