@@ -1,4 +1,5 @@
-"""`LoadedModel`: a base model with its tokenizer and Medusa heads, ready to decode.
+"""`LoadedModel`: a model with its tokenizer and what drafts for it (Medusa heads, a draft model),
+ready to decode.
 
 A plain data type: it reads no files and fetches nothing (`loading.py` builds one). The passes,
 the round loops and the load-time self-test all take it, so it lives apart from the module that
@@ -21,8 +22,9 @@ from .kv_cache import attention_layer_types
 
 @dataclass
 class LoadedModel:
-    """A base model with its heads, ready to decode. The app reads only the fields that describe
-    it (see app/__init__.py); the engine's passes and loops use the rest."""
+    """A model with its tokenizer, heads and draft model (each where it has one), ready to
+    decode. The app reads only the fields that describe it (see app/__init__.py); the engine's
+    passes and loops use the rest."""
 
     name: str
     model: PreTrainedModel
@@ -37,8 +39,8 @@ class LoadedModel:
     prompt_template: str = "{prompt}"
     # Chat models read a prompt wrapped in their tokenizer's chat template (see encode_prompt).
     use_chat_template: bool = False
-    # A smaller model over the same tokenizer, for the draft-model drafter (itself a LoadedModel
-    # without heads); None when there is none.
+    # A smaller model over the same tokenizer, for the draft-model drafter (itself a LoadedModel,
+    # without heads or a draft of its own); None when there is none.
     draft: LoadedModel | None = None
     _token_texts: dict[int, str] = field(default_factory=dict, repr=False)
 
