@@ -18,10 +18,10 @@ from typing import TypeVar
 
 from ..errors import DecodingError
 from . import recorded_run
-from .checkpoint import SAVE_DTYPES
 from .corpus import CORPUS_HELP, TRAIN_CORPUS_HELP, write_corpus
 from .data import DataSettings
 from .fit import FitSettings
+from .saving import SAVE_DTYPES
 from .train_base import BaseTrainingSettings, train_base
 from .train_heads import SAVE_DTYPE, HeadsJob, train_heads
 from .trees import TREE_FAMILIES, TreeSettings

@@ -31,7 +31,7 @@ from ..errors import DecodingError
 from ..model import padding_id, stop_token_ids
 from ..prompts import read_prompts
 from .batches import cut_at_stop, model_device, pad_batch
-from .checkpoint import write_atomically
+from .saving import write_atomically
 
 # Prompts are plain text, or token ids when they are cut from tokenized data.
 Prompt = str | Sequence[int]

@@ -29,7 +29,7 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerB
 from ..loops import chat_prompt_ids
 from ..model import padding_id, stop_token_ids
 from .batches import cut_at_stop, pad_batch
-from .checkpoint import write_atomically
+from .saving import write_atomically
 
 TEACHER_TOP_K = 32  # the base model's guesses kept per step: nearly all of its probability mass
 

@@ -45,7 +45,7 @@ from .batches import (
     training_batch,
     use_bf16,
 )
-from .checkpoint import load_state, save_state
+from .saving import load_state, save_state
 
 WARMUP = 0.1  # share of the steps spent warming the learning rate up
 

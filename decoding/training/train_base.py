@@ -43,8 +43,8 @@ from transformers import (
 
 from ..errors import DecodingError
 from .base_tokens import MAX_POSITIONS, encode_documents, special_ids, token_stream, train_tokenizer
-from .checkpoint import load_state, save_model_as, save_state
 from .corpus import build_corpus, build_record_corpus, record_folders
+from .saving import load_state, save_model_as, save_state
 
 CHECKPOINT_DIR = "checkpoint"
 CHECKPOINT_FILE = "state.pt"

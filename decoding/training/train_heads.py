@@ -29,10 +29,10 @@ from ..errors import DecodingError
 from ..heads import MedusaHeads
 from ..loading import resolve_device, resolve_dtype
 from .batches import use_bf16
-from .checkpoint import save_model_as
 from .data import DataSettings, HeadsData, load_or_build_data
 from .evaluate import HeadsEvaluation, evaluate_heads
 from .fit import FitSettings, TrainingRun, fit_heads, new_heads, next_token_loss
+from .saving import save_model_as
 from .trees import BuiltTrees, TreeSettings, build_trees
 
 # Not "checkpoint": heads may be trained into a base model's run folder, where train-base keeps its own.
