@@ -381,16 +381,16 @@ def trace_api(prompt: str, max_new_tokens: int = DecodeSettings.max_new_tokens, 
     other value must be a model the page offers; `seed` -1 draws a fresh one.
     """
     try:
-        mm = cache.get(require_offered(model or offered_models()[0]))
-        method = check_method(mm, method, plain=True)
+        lm = cache.get(require_offered(model or offered_models()[0]))
+        method = check_method(lm, method, plain=True)
         medusa = method == "medusa"
-        spec = tree if not medusa or tree == "default" or tree in mm.trees else parse_tree_json(tree)
+        spec = tree if not medusa or tree == "default" or tree in lm.trees else parse_tree_json(tree)
         settings = DecodeSettings(method=method, max_new_tokens=whole(max_new_tokens, "max_new_tokens"),
                                   acceptance=acceptance, temperature=float(temperature), tree=spec,
                                   num_heads=(int(num_heads) or None) if medusa else None,
                                   seed=None if seed < 0 else int(seed),
                                   draft_tokens=whole(draft_tokens, "draft_tokens"),
                                   lookup_tokens=whole(lookup_tokens, "lookup_tokens"))
-        return generate(mm, prompt, settings).to_dict()
+        return generate(lm, prompt, settings).to_dict()
     except DecodingError as e:
         raise refusal(e) from e

@@ -41,8 +41,8 @@ class LibraryRuns:
     seconds: float = 0.0
     identical: bool = True
 
-    def run(self, mm: LoadedModel, prompt: str, max_new_tokens: int, ours: list[int]) -> None:
-        tokens, seconds = transformers_generate(mm, prompt, max_new_tokens, self.options)
+    def run(self, lm: LoadedModel, prompt: str, max_new_tokens: int, ours: list[int]) -> None:
+        tokens, seconds = transformers_generate(lm, prompt, max_new_tokens, self.options)
         self.tokens += len(tokens)
         self.seconds += seconds
         self.identical &= tokens == ours
@@ -110,7 +110,7 @@ def lane_figures(runs: LaneRuns, ar: Timing, acceptance: str) -> dict:
     return row
 
 
-def library_options(mm: LoadedModel, settings: DecodeSettings) -> dict | None:
+def library_options(lm: LoadedModel, settings: DecodeSettings) -> dict | None:
     """transformers' own version of a lane's decoder, as `generate` arguments; None if it has none.
 
     The same draft length as ours, held constant: the library's default grows and shrinks it, and
@@ -120,7 +120,7 @@ def library_options(mm: LoadedModel, settings: DecodeSettings) -> dict | None:
     if settings.method == "ar":
         return {}
     if settings.method == "draft-model" and settings.draft_top_k == 1:
-        return {"assistant_model": mm.draft.model,
+        return {"assistant_model": lm.draft.model,
                 "assistant": {"num_assistant_tokens": settings.draft_tokens,
                               "num_assistant_tokens_schedule": "constant",
                               "assistant_confidence_threshold": 0.0}}
@@ -146,31 +146,31 @@ def assistant_settings(assistant: PreTrainedModel | None, values: dict) -> Itera
 
 
 @torch.inference_mode()
-def transformers_generate(mm: LoadedModel, prompt: str, max_new_tokens: int,
+def transformers_generate(lm: LoadedModel, prompt: str, max_new_tokens: int,
                           options: dict | None = None) -> tuple[list[int], float]:
     """The library's own greedy `generate` on the same input, plain or with `library_options`.
 
     Returns the new tokens and the seconds taken (prefill included, as in our traces).
     """
     options = options or {}
-    ids = torch.tensor([encode_prompt(mm, prompt)], device=mm.device)
+    ids = torch.tensor([encode_prompt(lm, prompt)], device=lm.device)
     config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False,
-                              eos_token_id=sorted(mm.eos_token_ids) or None,
-                              pad_token_id=padding_id(mm.tokenizer, mm.eos_token_ids),
+                              eos_token_id=sorted(lm.eos_token_ids) or None,
+                              pad_token_id=padding_id(lm.tokenizer, lm.eos_token_ids),
                               **options.get("generation", {}))
     assistant = options.get("assistant_model")
     extra = {"assistant_model": assistant} if assistant is not None else {}
     with assistant_settings(assistant, options.get("assistant", {})):
-        if mm.device.type == "cuda":
-            torch.cuda.synchronize(mm.device)
+        if lm.device.type == "cuda":
+            torch.cuda.synchronize(lm.device)
         start = time.perf_counter()
-        out = mm.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config, **extra)
-        if mm.device.type == "cuda":
-            torch.cuda.synchronize(mm.device)
+        out = lm.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config, **extra)
+        if lm.device.type == "cuda":
+            torch.cuda.synchronize(lm.device)
     return out[0, ids.shape[1]:].tolist(), time.perf_counter() - start
 
 
-def make_lanes(mm: LoadedModel, settings: DecodeSettings, drafters: list[str], trees: list,
+def make_lanes(lm: LoadedModel, settings: DecodeSettings, drafters: list[str], trees: list,
                compare: bool) -> list[LaneRuns]:
     """One lane per drafter, Medusa's once per tree; each named by its tree after pruning, and,
     with `compare`, given the library's version of its decoder where there is one."""
@@ -179,14 +179,14 @@ def make_lanes(mm: LoadedModel, settings: DecodeSettings, drafters: list[str], t
         for tree in trees if drafter == "medusa" else [settings.tree]:
             lane_settings = replace(settings, method=drafter, tree=tree)
             lane_settings.validate()
-            shape = make_drafter(mm, lane_settings).tree
-            options = library_options(mm, lane_settings) if compare else None
+            shape = make_drafter(lm, lane_settings).tree
+            options = library_options(lm, lane_settings) if compare else None
             library = None if options is None else LibraryRuns(options)
             lanes.append(LaneRuns(lane_settings, shape.name, shape.size, library=library))
     return lanes
 
 
-def run_bench(mm: LoadedModel, prompts: list[str], settings: DecodeSettings, trees: list,
+def run_bench(lm: LoadedModel, prompts: list[str], settings: DecodeSettings, trees: list,
               progress: bool = True, compare_transformers: bool = False,
               drafters: list[str] | None = None) -> dict:
     """Decode every prompt with AR and with every lane; return totals and ratios.
@@ -197,15 +197,15 @@ def run_bench(mm: LoadedModel, prompts: list[str], settings: DecodeSettings, tre
     """
     compare = compare_transformers and settings.acceptance == "greedy"
     ar_settings = replace(settings, method="ar")
-    lanes = make_lanes(mm, settings, drafters or ["medusa"], trees, compare)
+    lanes = make_lanes(lm, settings, drafters or ["medusa"], trees, compare)
     plain_library = LibraryRuns(options={}) if compare else None
     libraries = [lib for lib in [plain_library, *(lane.library for lane in lanes)] if lib is not None]
     # Warm-up: first calls pay for allocations and lazy initialisation; keep that out of the figures.
     warm_tokens = min(8, settings.max_new_tokens)
     for s in [ar_settings] + [lane.settings for lane in lanes]:
-        generate(mm, prompts[0], replace(s, max_new_tokens=warm_tokens))
+        generate(lm, prompts[0], replace(s, max_new_tokens=warm_tokens))
     for library in libraries:
-        transformers_generate(mm, prompts[0], warm_tokens, library.options)
+        transformers_generate(lm, prompts[0], warm_tokens, library.options)
 
     ar_runs: list[RunTrace] = []
     for i, prompt in enumerate(tqdm(prompts, desc="bench", disable=not progress)):
@@ -213,16 +213,16 @@ def run_bench(mm: LoadedModel, prompts: list[str], settings: DecodeSettings, tre
         plan = ["ar", "lanes"] if i % 2 == 0 else ["lanes", "ar"]
         for step in plan:
             if step == "ar":
-                ar_trace = generate(mm, prompt, ar_settings)
+                ar_trace = generate(lm, prompt, ar_settings)
                 ar_runs.append(ar_trace)
                 if plain_library is not None:
-                    plain_library.run(mm, prompt, settings.max_new_tokens, ar_trace.tokens)
+                    plain_library.run(lm, prompt, settings.max_new_tokens, ar_trace.tokens)
                 continue
             for lane in lanes:
-                lane.traced.append(generate(mm, prompt, lane.settings))
-                lane.untraced.append(generate(mm, prompt, replace(lane.settings, detailed_trace=False)))
+                lane.traced.append(generate(lm, prompt, lane.settings))
+                lane.untraced.append(generate(lm, prompt, replace(lane.settings, detailed_trace=False)))
                 if lane.library is not None:
-                    lane.library.run(mm, prompt, settings.max_new_tokens, lane.traced[-1].tokens)
+                    lane.library.run(lm, prompt, settings.max_new_tokens, lane.traced[-1].tokens)
         for lane in lanes:
             lane.identical &= lane.traced[-1].tokens == ar_trace.tokens
 
@@ -230,7 +230,7 @@ def run_bench(mm: LoadedModel, prompts: list[str], settings: DecodeSettings, tre
     rows = [lane_figures(lane, ar, settings.acceptance) for lane in lanes]
     first = rows[0]
     return {
-        "model": mm.name, "device": str(mm.device), "dtype": str(mm.dtype).removeprefix("torch."),
+        "model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).removeprefix("torch."),
         "prompts": len(prompts), "max_new_tokens": settings.max_new_tokens,
         "acceptance": settings.acceptance,
         "speedup": first["speedup"], "mean_accepted": first["mean_accepted"],

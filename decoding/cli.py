@@ -102,15 +102,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
     settings = _settings(args, args.tree)
     _set_threads(args)
     # Only Medusa needs heads: a model directory without any can still run the other methods.
-    mm = load_model(args.model, args.heads, args.device, args.dtype, with_heads=args.method == "medusa",
+    lm = load_model(args.model, args.heads, args.device, args.dtype, with_heads=args.method == "medusa",
                     pack_linear=not args.no_pack, draft_model=args.draft_model,
                     with_draft=args.method == "draft-model")
-    trace = generate(mm, args.prompt, settings)
+    trace = generate(lm, args.prompt, settings)
     if args.json:
         print(trace.to_json())
         return 0
     # A continuation follows its prompt; a chat model's answer is a reply, so it gets its own lines.
-    print(trace.prompt + ("\n\n" if mm.use_chat_template else "") + trace.text)
+    print(trace.prompt + ("\n\n" if lm.use_chat_template else "") + trace.text)
     print(f"\n[{args.method}] {run_summary(trace)}", file=sys.stderr)
     return 0
 
@@ -136,10 +136,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     trees = args.tree
     settings = _settings(args, trees[0])
     _set_threads(args)
-    mm = load_model(args.model, args.heads, args.device, args.dtype, with_heads="medusa" in args.drafter,
+    lm = load_model(args.model, args.heads, args.device, args.dtype, with_heads="medusa" in args.drafter,
                     pack_linear=not args.no_pack, draft_model=args.draft_model,
                     with_draft="draft-model" in args.drafter)
-    report = run_bench(mm, prompts, settings, trees, progress=not args.json,
+    report = run_bench(lm, prompts, settings, trees, progress=not args.json,
                        compare_transformers=args.compare_transformers, drafters=args.drafter)
     print(json.dumps(report, indent=2) if args.json else format_table(report))
     return 0

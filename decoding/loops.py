@@ -67,7 +67,7 @@ def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     return list(encoded["input_ids"])
 
 
-def encode_prompt(mm: LoadedModel, prompt: str) -> list[int]:
+def encode_prompt(lm: LoadedModel, prompt: str) -> list[int]:
     if not isinstance(prompt, str):
         raise DecodingError(f"the prompt must be text (a str), not {type(prompt).__name__}")
     if not prompt.strip():
@@ -78,14 +78,14 @@ def encode_prompt(mm: LoadedModel, prompt: str) -> list[int]:
         # Python keeps bytes of a command line that are not UTF-8 as lone surrogates.
         raise DecodingError(f"the prompt is not valid UTF-8 text (character {e.start} of it): "
                             "write it in UTF-8") from e
-    if mm.use_chat_template:
-        ids = chat_prompt_ids(mm.tokenizer, prompt)
+    if lm.use_chat_template:
+        ids = chat_prompt_ids(lm.tokenizer, prompt)
     else:
-        ids = mm.tokenizer(mm.prompt_template.format(prompt=prompt)).input_ids
-    if len(ids) >= mm.context_length:
+        ids = lm.tokenizer(lm.prompt_template.format(prompt=prompt)).input_ids
+    if len(ids) >= lm.context_length:
         raise DecodingError(
-            f"the prompt is {len(ids)} tokens but {mm.name} reads at most "
-            f"{mm.context_length}: shorten it"
+            f"the prompt is {len(ids)} tokens but {lm.name} reads at most "
+            f"{lm.context_length}: shorten it"
         )
     return list(ids)
 
@@ -110,7 +110,7 @@ def accept(
     return speculative_accept(tree, node_tokens, logits, settings.temperature, settings.top_p, generator)
 
 
-def _new_trace(mm: LoadedModel, prompt: str, prompt_ids: list[int], settings: DecodeSettings,
+def _new_trace(lm: LoadedModel, prompt: str, prompt_ids: list[int], settings: DecodeSettings,
                drafter: Drafter | None) -> RunTrace:
     medusa = settings.method == "medusa"
     run_settings = RunSettings(
@@ -118,14 +118,14 @@ def _new_trace(mm: LoadedModel, prompt: str, prompt_ids: list[int], settings: De
         acceptance=settings.acceptance, temperature=settings.temperature, top_p=settings.top_p,
         epsilon=settings.epsilon, delta=settings.delta, seed=settings.seed,
         tree=None if drafter is None else drafter.tree.name,
-        num_heads=(settings.num_heads or mm.num_heads) if medusa else None,
+        num_heads=(settings.num_heads or lm.num_heads) if medusa else None,
         draft_tokens=settings.draft_tokens if settings.method == "draft-model" else None,
         draft_top_k=settings.draft_top_k if settings.method == "draft-model" else None,
         lookup_tokens=settings.lookup_tokens if settings.method == "prompt-lookup" else None,
         lookup_ngram=settings.lookup_ngram if settings.method == "prompt-lookup" else None,
     )
     return RunTrace(
-        model=mm.name, device=str(mm.device), dtype=str(mm.dtype).removeprefix("torch."),
+        model=lm.name, device=str(lm.device), dtype=str(lm.dtype).removeprefix("torch."),
         settings=run_settings, prompt=prompt, prompt_tokens=prompt_ids,
         tree=None if drafter is None else drafter.tree.to_trace(), detailed=settings.detailed_trace,
     )
@@ -140,25 +140,25 @@ def _make_generator(seed: int | None) -> torch.Generator:
     return generator
 
 
-def _cut_at_stop(mm: LoadedModel, tokens: list[int], produced: int, limit: int) -> tuple[list[int], str]:
+def _cut_at_stop(lm: LoadedModel, tokens: list[int], produced: int, limit: int) -> tuple[list[int], str]:
     """Trim a round's new tokens at an end-of-sequence token or at the token budget."""
     kept: list[int] = []
     for token in tokens:
         if produced + len(kept) >= limit:
             return kept, "max_new_tokens"
         kept.append(token)
-        if token in mm.eos_token_ids:
+        if token in lm.eos_token_ids:
             return kept, "eos"
     return kept, "max_new_tokens" if produced + len(kept) >= limit else ""
 
 
-def _start(mm: LoadedModel, trace: RunTrace, clock: Stopwatch, logits: torch.Tensor,
+def _start(lm: LoadedModel, trace: RunTrace, clock: Stopwatch, logits: torch.Tensor,
            settings: DecodeSettings, generator: torch.Generator) -> int:
     """Record the prefill's token; returns it."""
     token = choose_token(logits, settings, generator)
-    trace.prefill_token, trace.prefill_text = token, mm.token_text(token)
+    trace.prefill_token, trace.prefill_text = token, lm.token_text(token)
     trace.time_prefill = clock.read()
-    if token in mm.eos_token_ids:
+    if token in lm.eos_token_ids:
         trace.stop_reason = "eos"
     elif settings.max_new_tokens <= 1:
         trace.stop_reason = "max_new_tokens"
@@ -174,32 +174,32 @@ def _hand_over(trace: RunTrace, clock: Stopwatch) -> Iterator[RunTrace]:
 
 # ----- plain autoregressive decoding -----
 @torch.inference_mode()
-def autoregressive_decode(mm: LoadedModel, prompt: str, settings: DecodeSettings) -> Iterator[RunTrace]:
+def autoregressive_decode(lm: LoadedModel, prompt: str, settings: DecodeSettings) -> Iterator[RunTrace]:
     """One pass per token: the baseline Medusa must match (greedy) and beat (speed)."""
-    prompt_ids = encode_prompt(mm, prompt)
-    trace = _new_trace(mm, prompt, prompt_ids, settings, drafter=None)
+    prompt_ids = encode_prompt(lm, prompt)
+    trace = _new_trace(lm, prompt, prompt_ids, settings, drafter=None)
     generator = _make_generator(settings.seed)
-    clock = Stopwatch(mm.device)
+    clock = Stopwatch(lm.device)
     clock.resume()
-    cache = new_cache(mm.model.config)
-    logits, _ = prefill(mm, prompt_ids, cache)
-    token = _start(mm, trace, clock, logits, settings, generator)
+    cache = new_cache(lm.model.config)
+    logits, _ = prefill(lm, prompt_ids, cache)
+    token = _start(lm, trace, clock, logits, settings, generator)
     produced = 1
     yield from _hand_over(trace, clock)
     while not trace.stop_reason:
-        if cache.get_seq_length() + 1 > mm.context_length:
+        if cache.get_seq_length() + 1 > lm.context_length:
             trace.stop_reason = "context_limit"
             break
         start = clock.read()
-        logits = decode_one_token(mm, token, cache)
+        logits = decode_one_token(lm, token, cache)
         verified = clock.read()
         token = choose_token(logits, settings, generator)
-        kept, trace.stop_reason = _cut_at_stop(mm, [token], produced, settings.max_new_tokens)
+        kept, trace.stop_reason = _cut_at_stop(lm, [token], produced, settings.max_new_tokens)
         produced += len(kept)
         done = clock.read()
         trace.rounds.append(RoundTrace(
             index=len(trace.rounds), position=len(prompt_ids) + produced - 1,
-            emitted_tokens=kept, emitted_texts=[mm.token_text(t) for t in kept],
+            emitted_tokens=kept, emitted_texts=[lm.token_text(t) for t in kept],
             emitted_from_drafter=[False] * len(kept),
             time_draft=0.0, time_verify=verified - start, time_accept=done - verified,
             t_end=clock.read(),
@@ -211,7 +211,7 @@ def autoregressive_decode(mm: LoadedModel, prompt: str, settings: DecodeSettings
 
 
 # ----- speculative decoding: Medusa, a draft model, prompt lookup -----
-def _detail(mm: LoadedModel, drafter: Drafter, round_trace: RoundTrace, proposal: Proposal,
+def _detail(lm: LoadedModel, drafter: Drafter, round_trace: RoundTrace, proposal: Proposal,
             logits: torch.Tensor, accepted: list[int], root: int) -> None:
     """Fill in what the UI shows for a round: the drafter's guesses, and the base model at every node."""
     tree, node_tokens = proposal.tree, proposal.tokens
@@ -229,28 +229,28 @@ def _detail(mm: LoadedModel, drafter: Drafter, round_trace: RoundTrace, proposal
         round_trace.guesses = proposal.guesses.cpu().tolist()
     if proposal.guess_probs is not None:
         round_trace.guess_probs = proposal.guess_probs.cpu().tolist()
-    round_trace.node_tokens, round_trace.node_texts = tokens, [mm.token_text(t) for t in tokens]
+    round_trace.node_tokens, round_trace.node_texts = tokens, [lm.token_text(t) for t in tokens]
     round_trace.node_sources = ["base"] + [drafter.name] * (len(tokens) - 1)
     round_trace.node_base_probs = [None] + node_p
     round_trace.base_argmax_tokens = best
-    round_trace.base_argmax_texts = [mm.token_text(t) for t in best]
+    round_trace.base_argmax_texts = [lm.token_text(t) for t in best]
     round_trace.base_argmax_probs = best_p
     round_trace.accepted_nodes = accepted
 
 
 @torch.inference_mode()
-def speculative_decode(mm: LoadedModel, prompt: str, settings: DecodeSettings) -> Iterator[RunTrace]:
+def speculative_decode(lm: LoadedModel, prompt: str, settings: DecodeSettings) -> Iterator[RunTrace]:
     """Draft a tree of guesses, verify it in one pass, accept, compact; repeat. Any drafter."""
-    prompt_ids = encode_prompt(mm, prompt)
-    drafter = make_drafter(mm, settings)
-    trace = _new_trace(mm, prompt, prompt_ids, settings, drafter)
+    prompt_ids = encode_prompt(lm, prompt)
+    drafter = make_drafter(lm, settings)
+    trace = _new_trace(lm, prompt, prompt_ids, settings, drafter)
     generator = _make_generator(settings.seed)
-    clock = Stopwatch(mm.device)
+    clock = Stopwatch(lm.device)
     clock.resume()
-    cache = new_cache(mm.model.config, for_trees=True)
-    logits, hidden = prefill(mm, prompt_ids, cache, want_hidden=drafter.reads_hidden)
+    cache = new_cache(lm.model.config, for_trees=True)
+    logits, hidden = prefill(lm, prompt_ids, cache, want_hidden=drafter.reads_hidden)
     drafter.begin(prompt_ids)
-    root = _start(mm, trace, clock, logits, settings, generator)
+    root = _start(lm, trace, clock, logits, settings, generator)
     produced = 1
     trace.drafter = drafter.info()
     yield from _hand_over(trace, clock)
@@ -258,7 +258,7 @@ def speculative_decode(mm: LoadedModel, prompt: str, settings: DecodeSettings) -
         past = cache.get_seq_length()
         # The root takes position `past` and a node at depth d position past + d. Near the end of
         # the context only the shallower nodes fit; plain decoding stops where no position is left.
-        room = mm.context_length - past
+        room = lm.context_length - past
         if room < 1:
             trace.stop_reason = "context_limit"
             break
@@ -267,7 +267,7 @@ def speculative_decode(mm: LoadedModel, prompt: str, settings: DecodeSettings) -
         # logits chose the root), so head k guesses the token k places after the root.
         proposal = drafter.propose(root, hidden, room - 1, settings.detailed_trace)
         drafted = clock.read()
-        logits, hidden_all = verify_tree(mm, proposal.tree, proposal.tokens, cache, want_hidden=drafter.reads_hidden)
+        logits, hidden_all = verify_tree(lm, proposal.tree, proposal.tokens, cache, want_hidden=drafter.reads_hidden)
         verified = clock.read()
         node_list = proposal.tokens.tolist()
         verdict = accept(proposal.tree, node_list, logits, settings, generator)
@@ -279,19 +279,19 @@ def speculative_decode(mm: LoadedModel, prompt: str, settings: DecodeSettings) -
         drafter.advance(written)
         accepted_done = clock.read()
         new_tokens = written[1:] + [verdict.next_token]
-        kept, trace.stop_reason = _cut_at_stop(mm, new_tokens, produced, settings.max_new_tokens)
+        kept, trace.stop_reason = _cut_at_stop(lm, new_tokens, produced, settings.max_new_tokens)
         produced += len(kept)
         round_trace = RoundTrace(
             index=len(trace.rounds), position=past,
-            emitted_tokens=kept, emitted_texts=[mm.token_text(t) for t in kept],
+            emitted_tokens=kept, emitted_texts=[lm.token_text(t) for t in kept],
             emitted_from_drafter=[i < len(new_tokens) - 1 for i in range(len(kept))],
             time_draft=drafted - start, time_verify=verified - drafted,
             time_accept=accepted_done - verified, t_end=0.0,
             draft_passes=proposal.draft_passes, copied_from=proposal.copied_from,
-            next_token=verdict.next_token, next_text=mm.token_text(verdict.next_token),
+            next_token=verdict.next_token, next_text=lm.token_text(verdict.next_token),
         )
         if settings.detailed_trace:
-            _detail(mm, drafter, round_trace, proposal, logits, verdict.accepted_nodes, root)
+            _detail(lm, drafter, round_trace, proposal, logits, verdict.accepted_nodes, root)
         round_trace.t_end = clock.read()
         round_trace.time_trace = round_trace.t_end - accepted_done
         trace.rounds.append(round_trace)
@@ -303,18 +303,18 @@ def speculative_decode(mm: LoadedModel, prompt: str, settings: DecodeSettings) -
     yield trace
 
 
-def stream(mm: LoadedModel, prompt: str, settings: DecodeSettings) -> Iterator[RunTrace]:
+def stream(lm: LoadedModel, prompt: str, settings: DecodeSettings) -> Iterator[RunTrace]:
     """Yield the run's trace as it grows; the last one yielded has `stop_reason` set."""
-    if not isinstance(mm, LoadedModel):
-        raise DecodingError(f"decode with a model from load_model(), not {type(mm).__name__}")
+    if not isinstance(lm, LoadedModel):
+        raise DecodingError(f"decode with a model from load_model(), not {type(lm).__name__}")
     if not isinstance(settings, DecodeSettings):
         raise DecodingError(f"settings must be a DecodeSettings, not {type(settings).__name__}")
     settings.validate()
     decode = autoregressive_decode if settings.method == "ar" else speculative_decode
-    yield from decode(mm, prompt, settings)
+    yield from decode(lm, prompt, settings)
 
 
-def generate(mm: LoadedModel, prompt: str, settings: DecodeSettings) -> RunTrace:
+def generate(lm: LoadedModel, prompt: str, settings: DecodeSettings) -> RunTrace:
     """Run to the end and return the full trace (the last one `stream` yields)."""
-    *_, trace = stream(mm, prompt, settings)
+    *_, trace = stream(lm, prompt, settings)
     return trace

@@ -57,7 +57,7 @@ class LoadedModel:
         (see TransposedLinear). On a GPU there is nothing to gain, and a 7B model's copy would
         cost hundreds of MB, so there it is the lm_head itself. It is computed once, for the
         heads the model was made with: to try other heads, decode with a copy,
-        `dataclasses.replace(mm, heads=other)`, which computes its own.
+        `dataclasses.replace(lm, heads=other)`, which computes its own.
         """
         lm_head = self.model.get_output_embeddings()
         if not self.heads.config.shared_lm_head:

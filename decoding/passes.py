@@ -17,7 +17,7 @@ from .tree import Tree
 
 
 def run_model(
-    mm: LoadedModel,
+    lm: LoadedModel,
     input_ids: list[int] | torch.Tensor,
     cache: DynamicCache,
     attention_mask: torch.Tensor | None = None,
@@ -30,11 +30,11 @@ def run_model(
     Returns logits (T, V) — or (1, V) with `last_only` — and, with `want_hidden`, the final
     hidden states (T, H): the post-norm states the lm_head reads, which the heads read too.
     """
-    ids = torch.as_tensor(input_ids, dtype=torch.long, device=mm.device).view(1, -1)
-    kwargs = {mm.cache_argument: cache}
-    if last_only and "logits_to_keep" in mm.forward_parameters:
+    ids = torch.as_tensor(input_ids, dtype=torch.long, device=lm.device).view(1, -1)
+    kwargs = {lm.cache_argument: cache}
+    if last_only and "logits_to_keep" in lm.forward_parameters:
         kwargs["logits_to_keep"] = 1
-    out = mm.model(
+    out = lm.model(
         input_ids=ids,
         attention_mask=attention_mask,
         position_ids=position_ids,
@@ -48,21 +48,21 @@ def run_model(
 
 
 def prefill(
-    mm: LoadedModel, prompt_ids: list[int], cache: DynamicCache, want_hidden: bool = False
+    lm: LoadedModel, prompt_ids: list[int], cache: DynamicCache, want_hidden: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run the prompt; return the logits after its last token (V,) and that token's hidden state."""
-    logits, hidden = run_model(mm, prompt_ids, cache, last_only=True, want_hidden=want_hidden)
+    logits, hidden = run_model(lm, prompt_ids, cache, last_only=True, want_hidden=want_hidden)
     return logits[-1], None if hidden is None else hidden[-1]
 
 
-def decode_one_token(mm: LoadedModel, token: int, cache: DynamicCache) -> torch.Tensor:
+def decode_one_token(lm: LoadedModel, token: int, cache: DynamicCache) -> torch.Tensor:
     """Plain autoregressive step: feed one token, get the logits (V,) for the next."""
-    logits, _ = run_model(mm, [token], cache)
+    logits, _ = run_model(lm, [token], cache)
     return logits[-1]
 
 
 def draft(
-    mm: LoadedModel, hidden: torch.Tensor, tree: Tree, root: int, with_probs: bool = True
+    lm: LoadedModel, hidden: torch.Tensor, tree: Tree, root: int, with_probs: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The top-k guesses of the heads the tree reads, from one hidden state: (depth, k) each.
 
@@ -73,12 +73,12 @@ def draft(
     root get its embedding too (see heads.py).
     """
     root_embedding = None
-    if mm.heads.config.reads_root:
-        root_embedding = mm.model.get_input_embeddings()(torch.tensor([root], device=mm.device))[0]
-    head_logits = mm.heads(hidden, lm_head=mm.draft_lm_head, num_heads=tree.max_depth,
+    if lm.heads.config.reads_root:
+        root_embedding = lm.model.get_input_embeddings()(torch.tensor([root], device=lm.device))[0]
+    head_logits = lm.heads(hidden, lm_head=lm.draft_lm_head, num_heads=tree.max_depth,
                            root_embedding=root_embedding).float()
     top_logits, top_guesses = head_logits.topk(tree.top_k, dim=-1)
-    top_tokens = mm.heads.token_ids(top_guesses)
+    top_tokens = lm.heads.token_ids(top_guesses)
     if not with_probs:
         return top_tokens, None
     return top_tokens, torch.exp(top_logits - head_logits.logsumexp(dim=-1, keepdim=True))
@@ -131,7 +131,7 @@ def tree_attention_mask(
 
 
 def tree_inputs(
-    mm: LoadedModel, tree: Tree, cache: DynamicCache
+    lm: LoadedModel, tree: Tree, cache: DynamicCache
 ) -> tuple[torch.Tensor | dict[str, torch.Tensor], torch.Tensor]:
     """The attention mask and position ids that let one pass verify every node of `tree`.
 
@@ -139,18 +139,18 @@ def tree_inputs(
     the same slot in the sequence. Leaving them out would number the nodes 0..T-1 — silently wrong.
     """
     past = cache.get_seq_length()
-    mask = tree_attention_mask(tree, cache, mm.layer_types, mm.dtype, mm.device)
-    positions = (tree.depth_tensor.to(mm.device) + past).view(1, -1)
+    mask = tree_attention_mask(tree, cache, lm.layer_types, lm.dtype, lm.device)
+    positions = (tree.depth_tensor.to(lm.device) + past).view(1, -1)
     return mask, positions
 
 
 def verify_tree(
-    mm: LoadedModel, tree: Tree, node_tokens: torch.Tensor, cache: DynamicCache, want_hidden: bool = True
+    lm: LoadedModel, tree: Tree, node_tokens: torch.Tensor, cache: DynamicCache, want_hidden: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One forward pass over all T tree nodes: logits (T, V) and, if wanted, hidden states (T, H)."""
     if tree.is_chain:
         # A chain's tree mask is the ordinary causal mask and its positions the ordinary ones:
         # the library builds those itself, on its fastest path (and a lone root is a plain step).
-        return run_model(mm, node_tokens, cache, want_hidden=want_hidden)
-    mask, positions = tree_inputs(mm, tree, cache)
-    return run_model(mm, node_tokens, cache, mask, positions, want_hidden=want_hidden)
+        return run_model(lm, node_tokens, cache, want_hidden=want_hidden)
+    mask, positions = tree_inputs(lm, tree, cache)
+    return run_model(lm, node_tokens, cache, mask, positions, want_hidden=want_hidden)

@@ -26,9 +26,9 @@ def _tolerance(dtype: torch.dtype) -> float:
     return 1e-3 if dtype == torch.float32 else 3e-2
 
 
-def _linear_logits(mm: LoadedModel, tokens: list[int]) -> torch.Tensor:
+def _linear_logits(lm: LoadedModel, tokens: list[int]) -> torch.Tensor:
     """Logits after the last of `tokens`, run from scratch with no tree and no tricks."""
-    logits, _ = run_model(mm, tokens, new_cache(mm.model.config), last_only=True)
+    logits, _ = run_model(lm, tokens, new_cache(lm.model.config), last_only=True)
     return logits[-1].float()
 
 
@@ -36,41 +36,41 @@ def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> bool:
     return bool((a.float() - b.float()).abs().max() <= _tolerance(dtype) * (b.abs().max() + 1.0))
 
 
-def _refuse(mm: LoadedModel, reason: str) -> DecodingError:
-    return DecodingError(f"{mm.name} ({mm.model.config.model_type}) cannot use Medusa tree attention: {reason}")
+def _refuse(lm: LoadedModel, reason: str) -> DecodingError:
+    return DecodingError(f"{lm.name} ({lm.model.config.model_type}) cannot use Medusa tree attention: {reason}")
 
 
 @torch.inference_mode()
-def check_tree_attention(mm: LoadedModel, seed: int = 0) -> None:
+def check_tree_attention(lm: LoadedModel, seed: int = 0) -> None:
     """Raise DecodingError unless tree verification reproduces linear decoding on this model.
 
     Only a real mismatch is reported as the architecture's fault; any other exception is let
     through, because it is a bug in this code, not a property of the model.
     """
     tree = Tree.from_choices(SELF_TEST_TREE, num_heads=3, name="self-test")
-    vocab = mm.model.get_output_embeddings().weight.shape[0]
+    vocab = lm.model.get_output_embeddings().weight.shape[0]
     generator = torch.Generator().manual_seed(seed)
     prefix = torch.randint(0, vocab, (6,), generator=generator).tolist()
     node_tokens = torch.randint(0, vocab, (tree.size,), generator=generator)
-    cache = new_cache(mm.model.config, for_trees=True)
-    run_model(mm, prefix, cache)
+    cache = new_cache(lm.model.config, for_trees=True)
+    run_model(lm, prefix, cache)
     if cache.get_seq_length() != len(prefix):
-        raise _refuse(mm, "its forward pass does not keep keys and values in the cache it is given")
-    mask, positions = tree_inputs(mm, tree, cache)
+        raise _refuse(lm, "its forward pass does not keep keys and values in the cache it is given")
+    mask, positions = tree_inputs(lm, tree, cache)
     try:
-        tree_logits, _ = run_model(mm, node_tokens.to(mm.device), cache, mask, positions)
+        tree_logits, _ = run_model(lm, node_tokens.to(lm.device), cache, mask, positions)
     except Exception as e:  # raised by the model's own code: it does not take a tree as input
-        raise _refuse(mm, f"its forward pass rejects a tree attention mask ({type(e).__name__}: "
+        raise _refuse(lm, f"its forward pass rejects a tree attention mask ({type(e).__name__}: "
                           f"{' '.join(str(e).split())})") from e
     for node in range(tree.size):
         path = prefix + node_tokens[tree.path_to(node)].tolist()
-        if not _close(tree_logits[node], _linear_logits(mm, path), mm.dtype):
-            raise _refuse(mm, f"tree node {node} gave different logits than running its path linearly "
+        if not _close(tree_logits[node], _linear_logits(lm, path), lm.dtype):
+            raise _refuse(lm, f"tree node {node} gave different logits than running its path linearly "
                               "(the model ignores the tree mask or the position ids)")
     deepest = tree.path_to(tree.size - 1)
     compact_cache(cache, len(prefix), deepest)
     next_token = int(node_tokens[0])
-    after = decode_one_token(mm, next_token, cache)
-    expected = _linear_logits(mm, prefix + node_tokens[deepest].tolist() + [next_token])
-    if not _close(after, expected, mm.dtype):
-        raise _refuse(mm, "decoding after cache compaction differs from a linear run")
+    after = decode_one_token(lm, next_token, cache)
+    expected = _linear_logits(lm, prefix + node_tokens[deepest].tolist() + [next_token])
+    if not _close(after, expected, lm.dtype):
+        raise _refuse(lm, "decoding after cache compaction differs from a linear run")

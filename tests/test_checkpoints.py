@@ -56,15 +56,15 @@ def write_v01(directory, heads, base_dir, suffix):
 @pytest.mark.parametrize("suffix", [".pt", ".safetensors"])
 def test_v01_heads_directory(tmp_path, tiny_dirs, reference_heads, suffix):
     write_v01(tmp_path / "heads", reference_heads, tiny_dirs["llama"], suffix)
-    mm = load_model(str(tmp_path / "heads"))
-    assert_same_heads(mm.heads, reference_heads)
-    assert mm.num_heads == NUM_HEADS
+    lm = load_model(str(tmp_path / "heads"))
+    assert_same_heads(lm.heads, reference_heads)
+    assert lm.num_heads == NUM_HEADS
 
 
 def test_v01_heads_given_separately(tmp_path, tiny_dirs, reference_heads):
     write_v01(tmp_path / "heads", reference_heads, "unused", ".pt")
-    mm = load_model(str(tiny_dirs["llama"]), heads=str(tmp_path / "heads"))
-    assert_same_heads(mm.heads, reference_heads)
+    lm = load_model(str(tiny_dirs["llama"]), heads=str(tmp_path / "heads"))
+    assert_same_heads(lm.heads, reference_heads)
 
 
 def test_v10_whole_model_layout(tmp_path, tiny_dirs, reference_heads):
@@ -79,8 +79,8 @@ def test_v10_whole_model_layout(tmp_path, tiny_dirs, reference_heads):
     config = json.loads((target / "config.json").read_text())
     config.update(medusa_num_heads=NUM_HEADS, medusa_num_layers=1)
     (target / "config.json").write_text(json.dumps(config))
-    mm = load_model(str(target))
-    assert_same_heads(mm.heads, reference_heads)
+    lm = load_model(str(target))
+    assert_same_heads(lm.heads, reference_heads)
 
 
 def test_shared_lm_head_variant(tmp_path, tiny_dirs, reference_heads):
@@ -89,12 +89,12 @@ def test_shared_lm_head_variant(tmp_path, tiny_dirs, reference_heads):
     (tmp_path / "heads").mkdir()
     save_file(state, str(tmp_path / "heads" / "medusa_lm_head.safetensors"))
     (tmp_path / "heads" / "config.json").write_text(json.dumps({"base_model_name_or_path": str(tiny_dirs["llama"])}))
-    mm = load_model(str(tmp_path / "heads"))
-    assert mm.heads.config.shared_lm_head and mm.num_heads == NUM_HEADS
-    hidden = torch.randn(mm.heads.config.hidden_size)
-    lm_head = mm.model.get_output_embeddings()
+    lm = load_model(str(tmp_path / "heads"))
+    assert lm.heads.config.shared_lm_head and lm.num_heads == NUM_HEADS
+    hidden = torch.randn(lm.heads.config.hidden_size)
+    lm_head = lm.model.get_output_embeddings()
     expected = lm_head(reference_heads.heads[2][0](hidden))
-    torch.testing.assert_close(mm.heads(hidden, lm_head=lm_head)[2], expected)
+    torch.testing.assert_close(lm.heads(hidden, lm_head=lm_head)[2], expected)
 
 
 def test_own_layout_round_trip(tmp_path, reference_heads):

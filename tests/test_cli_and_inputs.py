@@ -180,7 +180,7 @@ def test_bench_speedup_is_a_ratio_of_tokens_per_second(tiny_llama, monkeypatch):
     10 tokens in 0.25 s (40/s): 2x, not the 8x that total seconds would claim."""
     import decoding.bench
 
-    def fake_generate(mm, prompt, settings):
+    def fake_generate(lm, prompt, settings):
         return fake_run("ar", 40, 2.0) if settings.method == "ar" else fake_run("medusa", 10, 0.25)
 
     monkeypatch.setattr(decoding.bench, "generate", fake_generate)
@@ -295,11 +295,11 @@ def test_plain_decoding_runs_on_a_model_without_heads(capsys, tiny_dirs, tmp_pat
 
 
 def test_a_model_loaded_without_heads_refuses_medusa_clearly(tiny_dirs):
-    mm = load_model(str(tiny_dirs["gpt2"]), with_heads=False)
-    assert mm.heads is None and mm.num_heads == 0
-    assert generate(mm, "It is", DecodeSettings(method="ar", max_new_tokens=3)).tokens
+    lm = load_model(str(tiny_dirs["gpt2"]), with_heads=False)
+    assert lm.heads is None and lm.num_heads == 0
+    assert generate(lm, "It is", DecodeSettings(method="ar", max_new_tokens=3)).tokens
     with pytest.raises(DecodingError, match="without Medusa heads"):
-        generate(mm, "It is", DecodeSettings(max_new_tokens=3))
+        generate(lm, "It is", DecodeSettings(max_new_tokens=3))
 
 
 @pytest.mark.parametrize("settings, message", [
@@ -346,8 +346,8 @@ def test_a_missing_model_or_settings_is_a_clear_error(tiny_llama):
 
 
 def test_load_model_takes_a_path_for_the_model_as_for_the_heads(tiny_dirs):
-    mm = load_model(tiny_dirs["gpt2"], heads=tiny_dirs["gpt2"], self_test=False, with_draft=False)
-    assert mm.name == str(tiny_dirs["gpt2"]) and mm.heads is not None
+    lm = load_model(tiny_dirs["gpt2"], heads=tiny_dirs["gpt2"], self_test=False, with_draft=False)
+    assert lm.name == str(tiny_dirs["gpt2"]) and lm.heads is not None
 
 
 @pytest.mark.parametrize("seed", [str(2**70), "-1"])

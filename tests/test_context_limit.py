@@ -53,25 +53,25 @@ def short_context(request, tmp_path_factory):
     return load_model(str(path))
 
 
-def prompt_leaving(mm, room: int) -> str:
+def prompt_leaving(lm, room: int) -> str:
     """The longest start of the tokenizer's own text that leaves at least `room` positions."""
     words = TOKENIZER_TEXT.split()
     fits = [n for n in range(1, len(words) + 1)
-            if len(mm.tokenizer(" ".join(words[:n])).input_ids) <= CONTEXT - room]
+            if len(lm.tokenizer(" ".join(words[:n])).input_ids) <= CONTEXT - room]
     return " ".join(words[: max(fits)])
 
 
 @pytest.mark.parametrize("room", [10, 4, 1])
 def test_medusa_writes_what_plain_decoding_writes_up_to_the_context_limit(short_context, room):
-    mm = short_context
-    assert mm.context_length == CONTEXT
-    prompt = prompt_leaving(mm, room)
-    prompt_tokens = len(mm.tokenizer(prompt).input_ids)
+    lm = short_context
+    assert lm.context_length == CONTEXT
+    prompt = prompt_leaving(lm, room)
+    prompt_tokens = len(lm.tokenizer(prompt).input_ids)
     assert 1 <= CONTEXT - prompt_tokens <= 10
-    plain = generate(mm, prompt, DecodeSettings(method="ar", max_new_tokens=64))
+    plain = generate(lm, prompt, DecodeSettings(method="ar", max_new_tokens=64))
     # Every position up to the last is filled: the prefill's token, then one per position left.
     assert plain.stop_reason == "context_limit" and len(plain.tokens) == CONTEXT - prompt_tokens + 1
     for name, choices in shipped_trees().items():
-        medusa = generate(mm, prompt, DecodeSettings(max_new_tokens=64, tree=choices))
+        medusa = generate(lm, prompt, DecodeSettings(max_new_tokens=64, tree=choices))
         assert medusa.tokens == plain.tokens, name
         assert medusa.stop_reason == "context_limit", name

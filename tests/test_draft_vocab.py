@@ -30,10 +30,10 @@ from tests.test_lossless import prompts, reference_greedy, trees, with_heads
 NEW_TOKENS = 40
 
 
-def vocab_heads(mm, draft_vocab: torch.Tensor, seed: int, reads_root: bool = False) -> MedusaHeads:
+def vocab_heads(lm, draft_vocab: torch.Tensor, seed: int, reads_root: bool = False) -> MedusaHeads:
     """Shared-lm_head heads that guess among `draft_vocab` only (and read the root token, if
     asked), perturbed at random."""
-    c = mm.heads.config
+    c = lm.heads.config
     heads = MedusaHeads(HeadsConfig(c.num_heads, 1, c.hidden_size, c.vocab_size, shared_lm_head=True,
                                     draft_vocab_size=len(draft_vocab), reads_root=reads_root))
     heads.draft_vocab.copy_(draft_vocab)
@@ -49,14 +49,14 @@ def vocab_heads(mm, draft_vocab: torch.Tensor, seed: int, reads_root: bool = Fal
 @given(prompt=prompts, choices=trees(max_nodes=16), seed=st.integers(0, 2**16),
        size=st.sampled_from([8, 64, 200]), arch=st.sampled_from(["llama", "qwen2"]), reads_root=st.booleans())
 def test_truncated_vocab_drafting_is_lossless(tiny_models, prompt, choices, seed, size, arch, reads_root):
-    mm = tiny_models[arch]
-    vocab = torch.randperm(mm.heads.config.vocab_size, generator=torch.Generator().manual_seed(seed))[:size]
+    lm = tiny_models[arch]
+    vocab = torch.randperm(lm.heads.config.vocab_size, generator=torch.Generator().manual_seed(seed))[:size]
     if max(max(p) for p in choices) >= size:
         choices = [[min(r, size - 1) for r in p] for p in choices]
         choices = [list(p) for p in sorted({tuple(p) for p in choices}, key=lambda p: (len(p), p))]
-    trace = generate(with_heads(mm, vocab_heads(mm, vocab, seed, reads_root)), prompt,
+    trace = generate(with_heads(lm, vocab_heads(lm, vocab, seed, reads_root)), prompt,
                      DecodeSettings(max_new_tokens=NEW_TOKENS, tree=choices))
-    assert trace.tokens == reference_greedy(mm, prompt, NEW_TOKENS)
+    assert trace.tokens == reference_greedy(lm, prompt, NEW_TOKENS)
     # Every guess the heads made came from the draft vocabulary.
     guessed = {t for r in trace.rounds for row in r.guesses for t in row}
     assert guessed <= set(vocab.tolist())

@@ -28,20 +28,20 @@ NEW_TOKENS = 40
 prompts = st.text(alphabet="abcdefghij klmnop,.", min_size=1, max_size=40).filter(str.strip)
 
 
-def reference_greedy(mm: LoadedModel, prompt: str, new_tokens: int) -> list[int]:
-    ids = mm.tokenizer(prompt, return_tensors="pt").input_ids
-    out = mm.model.generate(ids, do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+def reference_greedy(lm: LoadedModel, prompt: str, new_tokens: int) -> list[int]:
+    ids = lm.tokenizer(prompt, return_tensors="pt").input_ids
+    out = lm.model.generate(ids, do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
     return out[0, ids.shape[1]:].tolist()
 
 
-def noisy_draft(mm: LoadedModel, directory, noise: float, seed: int) -> LoadedModel:
+def noisy_draft(lm: LoadedModel, directory, noise: float, seed: int) -> LoadedModel:
     """The base model (read again from its directory) with noise on every weight, as a draft."""
     model = AutoModelForCausalLM.from_pretrained(directory).eval()
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(noise * torch.randn(p.shape, generator=generator))
-    return dataclasses.replace(mm, name="noisy draft", model=model, heads=None, draft=None, _token_texts={})
+    return dataclasses.replace(lm, name="noisy draft", model=model, heads=None, draft=None, _token_texts={})
 
 
 @settings(max_examples=12, deadline=None, derandomize=True,
@@ -49,11 +49,11 @@ def noisy_draft(mm: LoadedModel, directory, noise: float, seed: int) -> LoadedMo
 @given(prompt=prompts, arch=st.sampled_from(["llama", "qwen2", "gpt2"]), length=st.integers(1, 7),
        top_k=st.integers(1, 3), noise=st.sampled_from([0.0, 0.02, 0.3]), seed=st.integers(0, 2**16))
 def test_draft_model_greedy_equals_generate(tiny_models, tiny_dirs, prompt, arch, length, top_k, noise, seed):
-    mm = tiny_models[arch]
-    run_mm = dataclasses.replace(mm, draft=noisy_draft(mm, tiny_dirs[arch], noise, seed), _token_texts={})
+    lm = tiny_models[arch]
+    run_mm = dataclasses.replace(lm, draft=noisy_draft(lm, tiny_dirs[arch], noise, seed), _token_texts={})
     trace = generate(run_mm, prompt, DecodeSettings(method="draft-model", draft_tokens=length, draft_top_k=top_k,
                                                     max_new_tokens=NEW_TOKENS))
-    assert trace.tokens == reference_greedy(mm, prompt, NEW_TOKENS)
+    assert trace.tokens == reference_greedy(lm, prompt, NEW_TOKENS)
 
 
 @settings(max_examples=12, deadline=None, derandomize=True,
@@ -61,11 +61,11 @@ def test_draft_model_greedy_equals_generate(tiny_models, tiny_dirs, prompt, arch
 @given(prompt=prompts, arch=st.sampled_from(["llama", "qwen2", "gpt2"]), length=st.integers(1, 12),
        ngram=st.integers(1, 4), repeats=st.integers(1, 3))
 def test_prompt_lookup_greedy_equals_generate(tiny_models, prompt, arch, length, ngram, repeats):
-    mm = tiny_models[arch]
+    lm = tiny_models[arch]
     prompt = " ".join([prompt] * repeats)  # a prompt that repeats itself gives lookup something to copy
-    trace = generate(mm, prompt, DecodeSettings(method="prompt-lookup", lookup_tokens=length,
+    trace = generate(lm, prompt, DecodeSettings(method="prompt-lookup", lookup_tokens=length,
                                                 lookup_ngram=ngram, max_new_tokens=NEW_TOKENS))
-    assert trace.tokens == reference_greedy(mm, prompt, NEW_TOKENS)
+    assert trace.tokens == reference_greedy(lm, prompt, NEW_TOKENS)
 
 
 def test_drafters_guess_and_get_accepted(tiny_llama, tiny_dirs):
@@ -161,9 +161,9 @@ def test_draft_model_trace_reports_its_memory(tiny_llama):
 
 
 def test_shipped_draft_is_loaded(tiny_dirs):
-    mm = load_model(str(tiny_dirs["qwen2"]))
-    assert mm.draft is not None and mm.draft.tokenizer is mm.tokenizer
-    assert mm.draft.model.config.num_hidden_layers == 1
+    lm = load_model(str(tiny_dirs["qwen2"]))
+    assert lm.draft is not None and lm.draft.tokenizer is lm.tokenizer
+    assert lm.draft.model.config.num_hidden_layers == 1
     assert load_model(str(tiny_dirs["qwen2"]), with_draft=False).draft is None
 
 

@@ -34,23 +34,23 @@ def trees(draw, max_depth: int = 4, max_rank: int = 4, max_nodes: int = 24) -> l
     return [list(p) for p in sorted(closed, key=lambda p: (len(p), p))]
 
 
-def reference_greedy(mm, prompt: str, new_tokens: int) -> list[int]:
-    ids = mm.tokenizer(prompt, return_tensors="pt").input_ids
-    out = mm.model.generate(ids, do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+def reference_greedy(lm, prompt: str, new_tokens: int) -> list[int]:
+    ids = lm.tokenizer(prompt, return_tensors="pt").input_ids
+    out = lm.model.generate(ids, do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
     return out[0, ids.shape[1]:].tolist()
 
 
-def with_heads(mm: LoadedModel, heads: MedusaHeads) -> LoadedModel:
+def with_heads(lm: LoadedModel, heads: MedusaHeads) -> LoadedModel:
     """The model with other heads: a copy, so the shared fixture keeps its own (and the copy
     computes its own draft projection for them)."""
-    return dataclasses.replace(mm, heads=heads)
+    return dataclasses.replace(lm, heads=heads)
 
 
-def random_heads(mm, seed: int, noise: float) -> MedusaHeads:
+def random_heads(lm, seed: int, noise: float) -> MedusaHeads:
     """Heads initialised as the reference does (a copy of lm_head), then perturbed at random."""
-    c = mm.heads.config
+    c = lm.heads.config
     heads = MedusaHeads(HeadsConfig(c.num_heads, c.num_layers, c.hidden_size, c.vocab_size))
-    heads.init_from_lm_head(mm.model.get_output_embeddings())
+    heads.init_from_lm_head(lm.model.get_output_embeddings())
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in heads.parameters():
@@ -63,10 +63,10 @@ def random_heads(mm, seed: int, noise: float) -> MedusaHeads:
 @given(prompt=prompts, choices=trees(), head_seed=st.integers(0, 2**16), noise=st.sampled_from([0.0, 0.05, 0.5]),
        arch=st.sampled_from(["llama", "qwen2", "gpt2"]))
 def test_medusa_greedy_equals_generate(tiny_models, prompt, choices, head_seed, noise, arch):
-    mm = tiny_models[arch]
-    trace = generate(with_heads(mm, random_heads(mm, head_seed, noise)), prompt,
+    lm = tiny_models[arch]
+    trace = generate(with_heads(lm, random_heads(lm, head_seed, noise)), prompt,
                      DecodeSettings(max_new_tokens=NEW_TOKENS, tree=choices))
-    assert trace.tokens == reference_greedy(mm, prompt, NEW_TOKENS)
+    assert trace.tokens == reference_greedy(lm, prompt, NEW_TOKENS)
     assert len(trace.tokens) == NEW_TOKENS and trace.stop_reason == "max_new_tokens"
     # Every round accepted a path of the tree and the output grew by exactly that much.
     for r in trace.rounds:
@@ -74,9 +74,9 @@ def test_medusa_greedy_equals_generate(tiny_models, prompt, choices, head_seed, 
 
 
 def test_ar_baseline_equals_generate(tiny_models):
-    for mm in tiny_models.values():
-        trace = generate(mm, "It is a truth", DecodeSettings(method="ar", max_new_tokens=NEW_TOKENS))
-        assert trace.tokens == reference_greedy(mm, "It is a truth", NEW_TOKENS)
+    for lm in tiny_models.values():
+        trace = generate(lm, "It is a truth", DecodeSettings(method="ar", max_new_tokens=NEW_TOKENS))
+        assert trace.tokens == reference_greedy(lm, "It is a truth", NEW_TOKENS)
         assert trace.forward_passes == NEW_TOKENS and trace.mean_accepted == 1.0
 
 
@@ -112,25 +112,25 @@ class OracleHeads(torch.nn.Module):
         return logits
 
 
-def oracle_heads(mm, prompt: str, num_heads: int, wrong_every: int) -> OracleHeads:
-    prompt_ids = mm.tokenizer(prompt).input_ids
-    sequence = prompt_ids + reference_greedy(mm, prompt, NEW_TOKENS + num_heads + 2)
+def oracle_heads(lm, prompt: str, num_heads: int, wrong_every: int) -> OracleHeads:
+    prompt_ids = lm.tokenizer(prompt).input_ids
+    sequence = prompt_ids + reference_greedy(lm, prompt, NEW_TOKENS + num_heads + 2)
     with torch.no_grad():
-        hidden = mm.model(torch.tensor([sequence]), output_hidden_states=True).hidden_states[-1][0]
+        hidden = lm.model(torch.tensor([sequence]), output_hidden_states=True).hidden_states[-1][0]
     # Head k at position t guesses token t+1+k (k = 1..K): the lm_head already covers t+1.
     futures = [sequence[t + 2 : t + 2 + num_heads] for t in range(len(sequence))]
-    vocab = mm.model.get_output_embeddings().weight.shape[0]
+    vocab = lm.model.get_output_embeddings().weight.shape[0]
     return OracleHeads(hidden, futures, vocab, num_heads, wrong_every)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
 @pytest.mark.parametrize("tree", ["mc_sim_7b_63", "cpu-12", "chain-3"])
 def test_lossless_with_heads_that_are_mostly_right(tiny_models, arch, tree):
-    mm = tiny_models[arch]
+    lm = tiny_models[arch]
     prompt = "It is a truth universally"
-    trace = generate(with_heads(mm, oracle_heads(mm, prompt, num_heads=4, wrong_every=5)), prompt,
+    trace = generate(with_heads(lm, oracle_heads(lm, prompt, num_heads=4, wrong_every=5)), prompt,
                      DecodeSettings(max_new_tokens=NEW_TOKENS, tree=tree))
-    assert trace.tokens == reference_greedy(mm, prompt, NEW_TOKENS)
+    assert trace.tokens == reference_greedy(lm, prompt, NEW_TOKENS)
     lengths = [r.accepted_length for r in trace.rounds]
     depth = min(4, trace.tree and max(trace.tree.depths))
     assert max(lengths) == depth + 1  # whole paths accepted: every guess plus the bonus token

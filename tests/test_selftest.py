@@ -13,8 +13,8 @@ from decoding.tiny import tiny_tokenizer
 
 
 def test_tiny_models_pass_the_self_test(tiny_models):
-    for mm in tiny_models.values():
-        check_tree_attention(mm)  # raises if tree logits differ from linear decoding
+    for lm in tiny_models.values():
+        check_tree_attention(lm)  # raises if tree logits differ from linear decoding
 
 
 def test_alibi_model_is_refused_at_load(tmp_path):
@@ -30,13 +30,13 @@ def test_self_test_itself_catches_alibi(tiny_llama):
     torch.manual_seed(0)
     bloom = BloomForCausalLM(BloomConfig(vocab_size=320, hidden_size=32, n_layer=2, n_head=4,
                                          initializer_range=0.3)).eval()
-    mm = LoadedModel(
+    lm = LoadedModel(
         name="tiny-bloom", model=bloom, tokenizer=tiny_llama.tokenizer, heads=tiny_llama.heads,
         device=torch.device("cpu"), dtype=torch.float32, context_length=512, trees={},
         default_tree="cpu-12", eos_token_ids=frozenset(),
     )
     with pytest.raises(DecodingError, match="cannot use Medusa tree attention"):
-        check_tree_attention(mm)
+        check_tree_attention(lm)
 
 
 def test_broken_position_handling_is_caught(tiny_llama, monkeypatch):

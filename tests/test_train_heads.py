@@ -303,11 +303,11 @@ def test_trained_heads_decode_losslessly_with_their_default_tree(
     cli_run: tuple[Path, Path, list[str]]
 ) -> None:
     model_dir, out, _ = cli_run
-    mm = load_model(str(model_dir), heads=str(out), device="cpu", dtype="float32")
-    assert mm.default_tree == "optimal-8"
+    lm = load_model(str(model_dir), heads=str(out), device="cpu", dtype="float32")
+    assert lm.default_tree == "optimal-8"
     for prompt in ("It is a truth", "Emma Woodhouse, handsome"):
-        medusa = generate(mm, prompt, DecodeSettings(max_new_tokens=24))
-        plain = generate(mm, prompt, DecodeSettings(method="ar", max_new_tokens=24))
+        medusa = generate(lm, prompt, DecodeSettings(max_new_tokens=24))
+        plain = generate(lm, prompt, DecodeSettings(method="ar", max_new_tokens=24))
         assert medusa.tokens == plain.tokens
         assert medusa.forward_passes <= plain.forward_passes
 
@@ -383,8 +383,8 @@ def test_medusa2_tunes_the_base_with_the_heads_and_decodes_losslessly(
     assert weights["model.norm.weight"].dtype == torch.bfloat16
     assert not torch.equal(weights["model.norm.weight"].float(), original["model.norm.weight"].float())
 
-    mm = load_model(str(tuned), heads=str(out), device="cpu", dtype="float32")
+    lm = load_model(str(tuned), heads=str(out), device="cpu", dtype="float32")
     for prompt in ("It is a truth", "Emma Woodhouse, handsome"):
-        medusa = generate(mm, prompt, DecodeSettings(max_new_tokens=24))
-        plain = generate(mm, prompt, DecodeSettings(method="ar", max_new_tokens=24))
+        medusa = generate(lm, prompt, DecodeSettings(max_new_tokens=24))
+        plain = generate(lm, prompt, DecodeSettings(method="ar", max_new_tokens=24))
         assert medusa.tokens == plain.tokens

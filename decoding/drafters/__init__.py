@@ -14,22 +14,22 @@ __all__ = ["Drafter", "DraftModelDrafter", "MedusaHeadsDrafter", "PromptLookupDr
            "available_drafters", "find_continuation", "make_drafter", "resolve_tree"]
 
 
-def available_drafters(mm: LoadedModel) -> list[str]:
-    """The drafters `mm` can run: heads and a draft model only where it has them."""
-    return [name for name, present in (("medusa", mm.heads is not None), ("draft-model", mm.draft is not None),
+def available_drafters(lm: LoadedModel) -> list[str]:
+    """The drafters `lm` can run: heads and a draft model only where it has them."""
+    return [name for name, present in (("medusa", lm.heads is not None), ("draft-model", lm.draft is not None),
                                        ("prompt-lookup", True)) if present]
 
 
-def make_drafter(mm: LoadedModel, settings: DecodeSettings) -> Drafter:
-    """The drafter a run's method names, set up for `mm`."""
+def make_drafter(lm: LoadedModel, settings: DecodeSettings) -> Drafter:
+    """The drafter a run's method names, set up for `lm`."""
     if settings.method == "medusa":
-        return MedusaHeadsDrafter(mm, resolve_tree(mm, settings))
+        return MedusaHeadsDrafter(lm, resolve_tree(lm, settings))
     if settings.method == "draft-model":
-        if mm.draft is None:
+        if lm.draft is None:
             raise DecodingError(
-                f"{mm.name} has no draft model: pass --draft-model with a small causal LM that "
+                f"{lm.name} has no draft model: pass --draft-model with a small causal LM that "
                 "shares its tokenizer (a directory or hub id)")
-        return DraftModelDrafter(mm.draft, settings.draft_tokens, settings.draft_top_k)
+        return DraftModelDrafter(lm.draft, settings.draft_tokens, settings.draft_top_k)
     if settings.method == "prompt-lookup":
-        return PromptLookupDrafter(mm.device, settings.lookup_tokens, settings.lookup_ngram, mm.eos_token_ids)
+        return PromptLookupDrafter(lm.device, settings.lookup_tokens, settings.lookup_ngram, lm.eos_token_ids)
     raise DecodingError(f"method {settings.method!r} has no drafter")
