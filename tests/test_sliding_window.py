@@ -19,6 +19,7 @@ from decoding import DecodeSettings, generate, load_model
 from decoding.heads import HeadsConfig, MedusaHeads
 from decoding.loading import load_draft_model
 from decoding.tiny import tiny_tokenizer
+from test_drafters import assert_guesses_are_the_drafts_own
 from test_lossless import oracle_heads, reference_greedy, with_heads
 
 WINDOW = 16
@@ -109,9 +110,4 @@ def test_a_sliding_window_draft_model_keeps_in_step_past_the_window(mistral_draf
     trace = generate(mistral_drafting, prompt, settings)
     assert trace.tokens == reference_greedy(mistral_drafting, prompt, NEW_TOKENS)
     assert any(len(r.accepted_nodes) < 5 for r in trace.rounds), "the test needs rejected guesses"
-    written = trace.prompt_tokens + [trace.prefill_token]
-    for rnd in trace.rounds:
-        ids = torch.tensor([written])
-        expected = mistral_drafting.draft.model.generate(ids, do_sample=False, max_new_tokens=4, min_new_tokens=4)
-        assert [g[0] for g in rnd.guesses] == expected[0, ids.shape[1]:].tolist()
-        written += rnd.emitted_tokens
+    assert_guesses_are_the_drafts_own(mistral_drafting, trace, 4)
