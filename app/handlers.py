@@ -1,8 +1,10 @@
 """The page's events: read the visitor's settings by name, run the engine, hand views to Gradio.
 
-Handlers receive their inputs as one dict (Gradio passes a dict when `inputs` is a set) and read
-it through `Page`, which names every component: no handler depends on the order of a list. They
-answer with a dict of the components they change, so an update touches only what changed.
+The handlers that run the engine receive their inputs as one dict (Gradio passes a dict when
+`inputs` is a set) and read it through `Page`, which names every component, and answer with a
+dict of the components they change, so an update touches only what changed. Three small ones
+that show, hide or reset controls (`switch_model`, `drafter_controls`, `acceptance_controls`)
+take and return plain tuples instead: their order is the one their event lists in layout.py.
 
 While a run streams, the token stream updates every `PUSH_EVERY` seconds but the tree and mask
 only on the first round, now and then and at the end: redrawing a 64-node tree and its 64x64

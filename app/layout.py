@@ -14,11 +14,11 @@ so the API page lists what the README documents.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import gradio as gr
 
 from decoding import available_drafters
+from decoding.assets import ASSETS_DIR
 from decoding.limits import PAGE_LIMITS
 from decoding.model import LoadedModel
 from decoding.prompts import example_prompts
@@ -35,7 +35,6 @@ from .race_views import RACE_IDLE
 from .text import Step, load_steps, load_text, render_steps
 from .views import learn_banner, learn_figures, model_card, stats_figures, stats_text, stream_view
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
 MODEL_QUEUE = "model"
 PRIVATE = dict(api_visibility="private")
 MAX_NEW_TOKENS_UI = 256
@@ -389,4 +388,4 @@ def launch_options() -> dict:
                            # System fonts only: the app must look right offline.
                            font=[gr.themes.Font(f) for f in ("Inter", "ui-sans-serif", "system-ui", "sans-serif")],
                            font_mono=[gr.themes.Font(f) for f in ("ui-monospace", "SFMono-Regular", "monospace")])
-    return dict(theme=theme, css=(ASSETS / "style.css").read_text(encoding="utf-8"), show_error=True)
+    return dict(theme=theme, css=(ASSETS_DIR / "style.css").read_text(encoding="utf-8"), show_error=True)

@@ -12,7 +12,6 @@ on a tiny random model the engine builds in a second: gibberish, but every view 
 from __future__ import annotations
 
 import gc
-import json
 import os
 import tempfile
 import threading
@@ -22,20 +21,20 @@ from pathlib import Path
 import torch
 
 from decoding import available_drafters
+from decoding.assets import EMBEDDED_MODELS_DIR, HEADS_CONFIG, read_heads_config
 from decoding.drafters import adopt_auto_tree
 from decoding.errors import DecodingError
-from decoding.heads import CONFIG_NAME as OWN_HEADS_CONFIG
-from decoding.loading import EMBEDDED_MODELS_DIR, available_models, embedded_model_title, embedded_models, load_model
+from decoding.fetch import WHEEL_MODELS, is_fetched, not_fetched_message
+from decoding.loading import available_models, embedded_model_title, embedded_models, load_model
 from decoding.loops import generate
 from decoding.model import LoadedModel
 from decoding.registry import MODEL_REGISTRY
 from decoding.settings import DecodeSettings
 from decoding.tiny import make_tiny_model_dir
 
+from . import MODEL_ENV
 from .gpu import ON_ZERO_GPU
 
-# Set to a model name or directory to make it the default (the tests point it at a tiny model).
-MODEL_ENV = "MEDUSA_PLAYGROUND_MODEL"
 TINY = "tiny-random"
 PREFERRED_DEFAULT = "smollm2"  # the real chat model, where it has been fetched
 KEEP_MODELS = 2  # loaded models kept in memory on a CPU; the least recently used one goes first
@@ -43,11 +42,7 @@ KEEP_MODELS_ON_GPU = 1  # two 7B models (28-30 GB in float16) do not fit a 24 GB
 
 
 def _wheel_models() -> dict[str, str]:
-    """Wheel models and why each is missing, for those not fetched yet (none if the engine has none)."""
-    try:
-        from decoding.fetch import WHEEL_MODELS, is_fetched, not_fetched_message
-    except ImportError:
-        return {}
+    """Wheel models and why each is missing, for those not fetched yet."""
     return {name: not_fetched_message(name) for name in WHEEL_MODELS if not is_fetched(name)}
 
 
@@ -97,10 +92,10 @@ def heads_recipe(name: str) -> str | None:
     """"medusa-2" if an embedded model's base was tuned with its heads, "medusa-1" if it stayed
     frozen ("medusa-1-root" if its heads also read the root token), None if the model's heads
     config does not say (published models, directories)."""
-    config = EMBEDDED_MODELS_DIR / name / OWN_HEADS_CONFIG
-    if not config.is_file():
+    directory = EMBEDDED_MODELS_DIR / name
+    if not (directory / HEADS_CONFIG).is_file():
         return None
-    meta = json.loads(config.read_text(encoding="utf-8"))
+    meta = read_heads_config(directory)
     training = meta.get("training")
     if not isinstance(training, dict):
         return None

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from decoding.assets import ASSETS_DIR
 from decoding.stats import rest_of_round_cost, round_cost, verify_cost
 from decoding.trace import CostCurve, RunTrace
 
@@ -25,9 +26,8 @@ from .race import PLAIN, RaceResult
 from .tokens import md_code, md_text
 from .tree_layout import leaf_count
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
-EXPLAINER_DIR = ASSETS / "explainer"
-TEXTS_DIR = ASSETS / "texts"
+EXPLAINER_DIR = ASSETS_DIR / "explainer"
+TEXTS_DIR = ASSETS_DIR / "texts"
 PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 COMMENT = re.compile(r"<!--\s*(\w+):\s*(.*?)\s*-->\n?")
 MISSING = "—"

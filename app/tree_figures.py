@@ -35,9 +35,9 @@ def tree_height(tree: TreeTrace, look: Look = LAPTOP) -> int:
 
 
 def drafter_of(rnd: RoundTrace) -> str:
-    """Who proposed the round's guesses, as the trace records it per node (Medusa's heads in
-    traces older than that record)."""
-    return next((source for source in rnd.node_sources if source != "base"), "medusa")
+    """Who proposed the round's guesses, as the trace records it per node ("base" in a round
+    that verified its root alone: there is no guess to name)."""
+    return rnd.node_sources[-1]
 
 
 def head_prob(rnd: RoundTrace, tree: TreeTrace, node: int) -> float | None:
@@ -46,13 +46,6 @@ def head_prob(rnd: RoundTrace, tree: TreeTrace, node: int) -> float | None:
     if node == 0 or not rnd.guess_probs:
         return None
     return rnd.guess_probs[tree.heads[node] - 1][tree.ranks[node]]
-
-
-def next_token_text(rnd: RoundTrace) -> str:
-    """The token the round chose after its accepted path (traces older than that field: the argmax)."""
-    if rnd.next_token is not None:
-        return rnd.next_text
-    return rnd.base_argmax_texts[rnd.accepted_nodes[-1]]
 
 
 def _node_hover(tree: TreeTrace, rnd: RoundTrace, node: int, accepted: set[int]) -> str:
@@ -212,7 +205,7 @@ def _node_trace(tree: TreeTrace, rnd: RoundTrace, nodes: list[int], pos: dict[in
 def next_token_hover(rnd: RoundTrace) -> str:
     """The star's hover: the token chosen after the accepted path, and the argmax if it differs."""
     last = rnd.accepted_nodes[-1]
-    chosen = figure_text(next_token_text(rnd))
+    chosen = figure_text(rnd.next_text)
     lines = [f"<b>next token</b> '{chosen}'",
              "chosen by the base model after the accepted path, from the same verify pass:",
              "it ends this round's output and becomes the next round's root"]
@@ -236,7 +229,7 @@ def _add_next_token(fig: go.Figure, tree: TreeTrace, rnd: RoundTrace, pos: dict[
                               dash="dot", legend=False))
     fig.add_trace(go.Scatter(
         x=[star_x], y=[star_y], mode="markers+text", name="next token (the next root)",
-        text=[figure_text(next_token_text(rnd), look.label_chars)], textposition="middle right",
+        text=[figure_text(rnd.next_text, look.label_chars)], textposition="middle right",
         textfont=dict(size=max(label_size, look.font(12)), color=INK),
         marker=dict(symbol="star", size=20 * look.marker_scale, color=BASE, line=dict(color=ACCEPTED, width=2)),
         hovertext=[next_token_hover(rnd)], hoverinfo="text",

@@ -23,7 +23,7 @@ from .models import describe
 from .race import RaceResult
 from .text import measured_curve, walkthrough_run
 from .tokens import legend_html, md_code, md_text, stream_html
-from .tree_figures import mask_figure, next_token_text, tree_figure
+from .tree_figures import mask_figure, tree_figure
 from .tree_layout import leaf_count
 
 STOP_REASONS = {"max_new_tokens": "reached Max new tokens", "eos": "the model ended its text",
@@ -107,7 +107,7 @@ def round_info(trace: RunTrace, index: int) -> str:
             f"in one pass · accepted **{accepted} guess(es)** · ")
         # The last round may be cut short by the token limit (or end at an end-of-text token).
         cut = " (cut at the end of the run)" if rnd.accepted_length < accepted + 1 else ""
-        chosen = f" · ★ next token {md_code(next_token_text(rnd), 14)}"
+        chosen = f" · ★ next token {md_code(rnd.next_text, 14)}"
         argmax = rnd.base_argmax_tokens[rnd.accepted_nodes[-1]] if rnd.base_argmax_tokens else None
         if rnd.next_token is not None and argmax is not None and rnd.next_token != argmax:
             chosen += (f", sampled (the most likely was "

@@ -12,8 +12,6 @@ then answers at once instead of after the seconds it takes to import torch and t
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 
 _HOMES = {
     "DecodingError": "errors",
@@ -33,19 +31,3 @@ def __getattr__(name: str) -> object:
     if name not in _HOMES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
-
-
-class _Package(types.ModuleType):
-    """`generate` names both a submodule and the function it defines. Importing the submodule
-    makes Python set the package's attribute to it; this property keeps it the function."""
-
-    @property
-    def generate(self) -> object:
-        return importlib.import_module(".generate", __name__).generate
-
-    @generate.setter
-    def generate(self, submodule: types.ModuleType) -> None:
-        pass  # the submodule stays reachable as sys.modules["decoding.loops"]
-
-
-sys.modules[__name__].__class__ = _Package

@@ -101,7 +101,7 @@ def lane_figures(runs: LaneRuns, ar: Timing, acceptance: str, baseline: Timing |
         "mean_accepted": traced.tokens_per_pass,
         "round_cost": round_cost(ar, untraced),
         "verify_cost": verify_cost(ar, untraced),
-        # The rest of the round: drafting, accepting and bookkeeping (the key keeps its old name).
+        # The rest of the round: drafting, accepting and bookkeeping.
         "rest_cost": rest_of_round_cost(ar, untraced),
         "identical": runs.identical if acceptance == "greedy" else None,
         "trace_overhead": recording_overhead(traced),

@@ -29,8 +29,9 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from transformers import PreTrainedModel
 
+from .assets import HEADS_CONFIG as OWN_HEADS_CONFIG
+from .assets import read_heads_config
 from .errors import DecodingError
-from .heads import CONFIG_NAME as OWN_HEADS_CONFIG
 from .heads import HeadsConfig, MedusaHeads
 
 V01_WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
@@ -84,7 +85,7 @@ def _check_fits(found: tuple[int, int], model: tuple[int, int], source: Path) ->
 def _own_heads(directory: Path, model_sizes: tuple[int, int]) -> tuple[MedusaHeads, dict]:
     """Heads in this project's layout; the config is checked against the model before any weights load."""
     config_path = directory / OWN_HEADS_CONFIG
-    meta = _read(config_path, lambda p: json.loads(p.read_text(encoding="utf-8")))
+    meta = _read(directory, read_heads_config)
     required = [f.name for f in dataclasses.fields(HeadsConfig) if f.default is dataclasses.MISSING]
     if not isinstance(meta, dict) or not all(type(meta.get(k)) is int and meta[k] >= 0 for k in required):
         raise DecodingError(f"{config_path} is not a heads config: it needs the whole numbers {', '.join(required)}")

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from .errors import DecodingError
 from .fetch import WHEEL_MODELS
 from .settings import ACCEPTANCE_SCHEMES, METHODS, DecodeSettings
+from .trace import RunTrace
 
 if TYPE_CHECKING:
     from .model import LoadedModel
@@ -123,8 +124,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     settings = _settings(args, args.tree)
     _set_threads(args)
-    # Plain decoding needs no heads: a model directory without any can still run it.
-    lm = load_model(args.model, args.heads, args.device, args.dtype, with_heads=args.method != "ar",
+    # Only Medusa needs heads: a model directory without any can still run the other methods.
+    lm = load_model(args.model, args.heads, args.device, args.dtype, with_heads=args.method == "medusa",
                     pack_linear=not args.no_pack, draft_model=args.draft_model,
                     with_draft=args.method == "draft-model", attention=args.attention)
     _remeasure(args, lm)
@@ -135,13 +136,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
         return 0
     # A continuation follows its prompt; a chat model's answer is a reply, so it gets its own lines.
     print(trace.prompt + ("\n\n" if lm.use_chat_template else "") + trace.text)
-    print(
-        f"\n[{args.method}] {len(trace.tokens)} tokens in {trace.forward_passes} passes "
-        f"(mean {trace.mean_accepted:.2f} tokens per pass), {trace.tokens_per_second:.1f} tok/s, "
-        f"stopped at {trace.stop_reason}",
-        file=sys.stderr,
-    )
+    print(f"\n[{args.method}] {run_summary(trace)}", file=sys.stderr)
     return 0
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def run_summary(trace: RunTrace) -> str:
+    """One line on what a run did. The mean is over decoding passes, so a run that ended at its
+    prefill (one token asked for) has none to report."""
+    mean = f" (mean {trace.mean_accepted:.2f} tokens per pass)" if trace.rounds else ""
+    tokens, passes = _count(len(trace.tokens), "token", "tokens"), _count(trace.forward_passes, "pass", "passes")
+    return f"{tokens} in {passes}{mean}, {trace.tokens_per_second:.1f} tok/s, stopped at {trace.stop_reason}"
 
 
 def _remeasure(args: argparse.Namespace, lm) -> None:
@@ -162,9 +170,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     trees = args.tree
     settings = _settings(args, trees[0])
     _set_threads(args)
-    lm = load_model(args.model, args.heads, args.device, args.dtype, pack_linear=not args.no_pack,
-                    draft_model=args.draft_model, with_draft="draft-model" in args.drafter,
-                    attention=args.attention)
+    lm = load_model(args.model, args.heads, args.device, args.dtype, with_heads="medusa" in args.drafter,
+                    pack_linear=not args.no_pack, draft_model=args.draft_model,
+                    with_draft="draft-model" in args.drafter, attention=args.attention)
     _remeasure(args, lm)
     # The speedup counts against the fastest plain decoding here: float32 too, when Medusa runs in
     # another dtype (on a CPU bfloat16 is not always the faster one-token step).
@@ -230,8 +238,9 @@ def _fetch_arguments(p: argparse.ArgumentParser) -> None:
 
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
-    "generate": ("decode one prompt, with a drafter or plainly", _generate_arguments),
-    "bench": ("plain decoding vs each drafter, side by side in one run", _bench_arguments),
+    "generate": ("decode one prompt: plain decoding, or with a drafter (Medusa heads, a draft model, prompt lookup)",
+                 _generate_arguments),
+    "bench": ("plain decoding vs each drafter, speed side by side in one run", _bench_arguments),
     "train-base": ("train the small base LM from scratch (offline, CPU)", _training("train-base")),
     "train-heads": ("train Medusa heads for any causal LM", _training("train-heads")),
     "self-distill": ("record a chat model's own answers for train-heads --recorded", _training("self-distill")),
@@ -245,7 +254,8 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     """The parser for `argv`: every command is listed, but only the one named gets its arguments
     (the training commands' arguments live in modules that import torch)."""
     parser = argparse.ArgumentParser(
-        prog="python -m decoding", description="Medusa decoding: decode, benchmark, train heads. "
+        prog="python -m decoding", description="Speculative decoding (Medusa heads, a draft model, "
+        "prompt lookup): decode, benchmark, train heads. "
         "`python -m decoding COMMAND --help` lists a command's options.")
     sub = parser.add_subparsers(dest="command", required=True)
     named = next((arg for arg in argv if arg in COMMANDS), None)
@@ -262,5 +272,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except DecodingError as e:
-        print(f"error: {e}", file=sys.stderr)
+        # One line, even where the message quotes a library's own several-line one.
+        print("error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2

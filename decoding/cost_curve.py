@@ -27,12 +27,12 @@ from pathlib import Path
 
 import torch
 
+from .atomic import write_atomically
 from .fetch import cache_root
 from .kv_cache import compact_cache, new_cache
 from .model import LoadedModel
 from .passes import decode_one_token, draft, run_model, verify_tree
 from .trace import CostCurve
-from .training.saving import write_atomically
 from .tree import MC_SIM_7B_63, Tree
 
 CURVE_SIZES = (1, 2, 4, 8, 16, 32, 64)

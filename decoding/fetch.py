@@ -99,10 +99,6 @@ def is_fetched(name: str) -> bool:
     return name in WHEEL_MODELS and (model_dir(name) / "config.json").is_file()
 
 
-def fetched_models() -> list[str]:
-    return [name for name in WHEEL_MODELS if is_fetched(name)]
-
-
 def not_fetched_message(name: str) -> str:
     """Why a wheel model cannot be loaded yet, and the one command that fixes it."""
     entry = WHEEL_MODELS[name]

@@ -32,7 +32,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-CONFIG_NAME = "medusa_config.json"
+from .assets import HEADS_CONFIG, read_heads_config
+
 WEIGHTS_NAME = "medusa_heads.safetensors"
 
 
@@ -184,13 +185,13 @@ class MedusaHeads(nn.Module):
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
         save_file(state, str(directory / WEIGHTS_NAME))
         meta = {"format": "medusa-playground", **asdict(self.config), **(extra or {})}
-        (directory / CONFIG_NAME).write_text(json.dumps(meta, indent=2))
+        (directory / HEADS_CONFIG).write_text(json.dumps(meta, indent=2))
 
     @classmethod
     def load(cls, directory: str | Path) -> tuple[MedusaHeads, dict]:
         """Load heads saved by `save`; also returns the whole JSON (it may hold a tree, accuracies)."""
         directory = Path(directory)
-        meta = json.loads((directory / CONFIG_NAME).read_text())
+        meta = read_heads_config(directory)
         fields = HeadsConfig.__dataclass_fields__
         heads = cls(HeadsConfig(**{k: meta[k] for k in fields if k in meta}))
         heads.load_state_dict(load_file(str(directory / WEIGHTS_NAME)))

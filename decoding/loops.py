@@ -69,8 +69,16 @@ def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
 
 
 def encode_prompt(lm: LoadedModel, prompt: str) -> list[int]:
-    if not isinstance(prompt, str) or not prompt.strip():
+    if not isinstance(prompt, str):
+        raise DecodingError(f"the prompt must be text (a str), not {type(prompt).__name__}")
+    if not prompt.strip():
         raise DecodingError("the prompt is empty: type some text to continue")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        # Python keeps bytes of a command line that are not UTF-8 as lone surrogates.
+        raise DecodingError(f"the prompt is not valid UTF-8 text (character {e.start} of it): "
+                            "write it in UTF-8") from e
     if lm.use_chat_template:
         ids = chat_prompt_ids(lm.tokenizer, prompt)
     else:
@@ -319,6 +327,10 @@ def speculative_decode(lm: LoadedModel, prompt: str, settings: DecodeSettings) -
 
 def stream(lm: LoadedModel, prompt: str, settings: DecodeSettings) -> Iterator[RunTrace]:
     """Yield the run's trace as it grows; the last one yielded has `stop_reason` set."""
+    if not isinstance(lm, LoadedModel):
+        raise DecodingError(f"decode with a model from load_model(), not {type(lm).__name__}")
+    if not isinstance(settings, DecodeSettings):
+        raise DecodingError(f"settings must be a DecodeSettings, not {type(settings).__name__}")
     settings.validate()
     decode = autoregressive_decode if settings.method == "ar" else speculative_decode
     yield from decode(lm, prompt, settings)

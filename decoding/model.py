@@ -1,4 +1,5 @@
-"""`LoadedModel`: a base model with its tokenizer and Medusa heads, ready to decode.
+"""`LoadedModel`: a model with its tokenizer and what drafts for it (Medusa heads, a draft model),
+ready to decode.
 
 A plain data type: it reads no files and fetches nothing (`loading.py` builds one). The passes,
 the round loops and the load-time self-test all take it, so it lives apart from the module that
@@ -23,7 +24,9 @@ from .trace import CostCurve
 
 @dataclass
 class LoadedModel:
-    """A base model with its heads, ready to decode. The app treats this as opaque."""
+    """A model with its tokenizer, heads and draft model (each where it has one), ready to
+    decode. The app reads only the fields that describe it (see app/__init__.py); the engine's
+    passes and loops use the rest."""
 
     name: str
     model: PreTrainedModel
@@ -38,8 +41,8 @@ class LoadedModel:
     prompt_template: str = "{prompt}"
     # Chat models read a prompt wrapped in their tokenizer's chat template (see encode_prompt).
     use_chat_template: bool = False
-    # A smaller model over the same tokenizer, for the draft-model drafter (itself a LoadedModel
-    # without heads); None when there is none.
+    # A smaller model over the same tokenizer, for the draft-model drafter (itself a LoadedModel,
+    # without heads or a draft of its own); None when there is none.
     draft: LoadedModel | None = None
     # Why the model runs in `dtype` here, in a sentence; empty when the user named the dtype.
     dtype_reason: str = ""
@@ -49,11 +52,6 @@ class LoadedModel:
     # What a T-token pass costs here, once measured (see cost_curve.py).
     cost_curve: CostCurve | None = None
     _token_texts: dict[int, str] = field(default_factory=dict, repr=False)
-
-    def __setattr__(self, name: str, value: object) -> None:
-        super().__setattr__(name, value)
-        if name == "heads":
-            self.__dict__.pop("draft_lm_head", None)  # it was chosen for the heads being replaced
 
     @property
     def num_heads(self) -> int:
@@ -66,7 +64,9 @@ class LoadedModel:
 
         On a CPU it is a transposed copy of the lm_head, which multiplies a few rows faster
         (see TransposedLinear). On a GPU there is nothing to gain, and a 7B model's copy would
-        cost hundreds of MB, so there it is the lm_head itself.
+        cost hundreds of MB, so there it is the lm_head itself. It is computed once, for the
+        heads the model was made with: to try other heads, decode with a copy,
+        `dataclasses.replace(lm, heads=other)`, which computes its own.
         """
         lm_head = self.model.get_output_embeddings()
         if not self.heads.config.shared_lm_head:

@@ -10,11 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .assets import EMBEDDED_MODELS_DIR, HEADS_CONFIG, PROMPTS_DIR, read_heads_config
 from .errors import DecodingError
-from .heads import CONFIG_NAME as OWN_HEADS_CONFIG
-from .loading import EMBEDDED_MODELS_DIR
-
-PROMPTS_DIR = Path(__file__).resolve().parent.parent / "assets" / "prompts"
 
 
 def read_prompts(path: Path) -> list[str]:
@@ -23,6 +20,9 @@ def read_prompts(path: Path) -> list[str]:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise DecodingError(f"cannot read prompts file {path}: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise DecodingError(f"prompts file {path} is not UTF-8 text (byte {e.start} is not): "
+                            "save it as UTF-8") from e
     if path.suffix == ".json":
         try:
             prompts = json.loads(text)
@@ -57,9 +57,9 @@ def prompt_set(model: str) -> str:
     Two models of one corpus share their prompts (`"prompt_set": "stdlib"`), so the same
     examples and bench inputs compare them, and no copy of the files can drift.
     """
-    config = EMBEDDED_MODELS_DIR / model / OWN_HEADS_CONFIG
-    if config.is_file():
-        return json.loads(config.read_text(encoding="utf-8")).get("prompt_set", model)
+    directory = EMBEDDED_MODELS_DIR / model
+    if (directory / HEADS_CONFIG).is_file():
+        return read_heads_config(directory).get("prompt_set", model)
     return model
 
 
@@ -67,7 +67,3 @@ def example_prompts(model: str) -> list[str]:
     """The example prompts shipped for embedded model `model`."""
     return shipped_prompts(prompt_set(model))
 
-
-def bench_prompts(model: str) -> list[str]:
-    """The benchmark prompts shipped for embedded model `model`."""
-    return shipped_prompts(f"bench_{prompt_set(model)}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 from .errors import DecodingError
@@ -42,15 +43,20 @@ class DecodeSettings:
     time_limit: float | None = None
 
     def validate(self) -> None:
-        """Raise DecodingError with a message a user can act on."""
+        """Raise DecodingError with a message a user can act on.
+
+        Numbers of any numeric type are taken (a numpy integer, an int where a float is meant)
+        and stored back as plain ints and floats, so the trace's JSON holds plain values.
+        """
         if self.method not in METHODS:
             raise DecodingError(f"method must be one of {METHODS}, not {self.method!r}")
         if self.acceptance not in ACCEPTANCE_SCHEMES:
             raise DecodingError(
                 f"acceptance must be one of {ACCEPTANCE_SCHEMES}, not {self.acceptance!r}"
             )
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
-            raise DecodingError("max_new_tokens must be a whole number")
+        self.max_new_tokens = _whole_number("max_new_tokens", self.max_new_tokens)
+        for name in ("temperature", "top_p", "epsilon", "delta"):
+            setattr(self, name, _real_number(name, getattr(self, name)))
         if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
             raise DecodingError(
                 f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS_LIMIT}, "
@@ -64,13 +70,34 @@ class DecodeSettings:
             raise DecodingError(f"epsilon must be in [0, 1], not {self.epsilon}")
         if not 0.0 <= self.delta <= 1.0:
             raise DecodingError(f"delta must be in [0, 1], not {self.delta}")
-        if self.num_heads is not None and self.num_heads < 1:
-            raise DecodingError(f"num_heads must be at least 1, not {self.num_heads}")
+        if self.num_heads is not None:
+            self.num_heads = _whole_number("num_heads", self.num_heads)
+            if self.num_heads < 1:
+                raise DecodingError(f"num_heads must be at least 1, not {self.num_heads}")
         for name in ("draft_tokens", "draft_top_k", "lookup_tokens", "lookup_ngram"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DRAFT_TOKENS:
+            value = _whole_number(name, getattr(self, name))
+            if not 1 <= value <= MAX_DRAFT_TOKENS:
                 raise DecodingError(f"{name} must be a whole number from 1 to {MAX_DRAFT_TOKENS}, not {value!r}")
-        if self.time_limit is not None and not self.time_limit > 0:
-            raise DecodingError(f"time_limit must be a positive number of seconds, not {self.time_limit}")
-        if self.seed is not None and not 0 <= self.seed < 2**64:  # what torch's generator takes
-            raise DecodingError(f"seed must be a whole number from 0 to 2**64 - 1, not {self.seed}")
+            setattr(self, name, value)
+        if self.time_limit is not None:
+            self.time_limit = _real_number("time_limit", self.time_limit)
+            if not self.time_limit > 0:
+                raise DecodingError(f"time_limit must be a positive number of seconds, not {self.time_limit}")
+        if self.seed is not None:
+            self.seed = _whole_number("seed", self.seed)
+            if not 0 <= self.seed < 2**64:  # what torch's generator takes
+                raise DecodingError(f"seed must be a whole number from 0 to 2**64 - 1, not {self.seed}")
+
+
+def _whole_number(name: str, value: object) -> int:
+    """`value` as a plain int, or a DecodingError. A bool is not a number here."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise DecodingError(f"{name} must be a whole number, not {value!r}")
+    return int(value)
+
+
+def _real_number(name: str, value: object) -> float:
+    """`value` as a plain float, or a DecodingError naming what was passed instead."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise DecodingError(f"{name} must be a number, not {value!r}")
+    return float(value)

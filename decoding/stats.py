@@ -88,36 +88,37 @@ def round_end_times(trace: RunTrace) -> list[float]:
     return times
 
 
-def speedup(ar: Timing, medusa: Timing) -> float:
-    """Medusa's tokens per second over plain decoding's (0 when either is unmeasured)."""
-    if ar.tokens_per_second <= 0:
+def speedup(plain: Timing, drafted: Timing) -> float:
+    """The drafted run's tokens per second over plain decoding's (0 when either is unmeasured)."""
+    if plain.tokens_per_second <= 0:
         return 0.0
-    return medusa.tokens_per_second / ar.tokens_per_second
+    return drafted.tokens_per_second / plain.tokens_per_second
 
 
-def in_steps(seconds_per_round: float, ar: Timing) -> float:
+def in_steps(seconds_per_round: float, plain: Timing) -> float:
     """Seconds per round as plain decoding steps (0 when plain decoding took no round)."""
-    return seconds_per_round / ar.seconds_per_round if ar.seconds_per_round > 0 else 0.0
+    return seconds_per_round / plain.seconds_per_round if plain.seconds_per_round > 0 else 0.0
 
 
-def round_cost(ar: Timing, medusa: Timing) -> float:
-    """One Medusa round in plain decoding steps: speedup ≈ tokens per pass / round cost."""
-    return in_steps(medusa.seconds_per_round, ar)
+def round_cost(plain: Timing, drafted: Timing) -> float:
+    """One drafted round (draft, verify, accept) in plain decoding steps: speedup ≈ tokens per
+    pass / round cost."""
+    return in_steps(drafted.seconds_per_round, plain)
 
 
-def verify_cost(ar: Timing, medusa: Timing) -> float:
-    """The verify pass of one Medusa round in plain decoding steps."""
-    return in_steps(medusa.verify_seconds / medusa.rounds, ar) if medusa.rounds else 0.0
+def verify_cost(plain: Timing, drafted: Timing) -> float:
+    """The verify pass of one drafted round in plain decoding steps."""
+    return in_steps(drafted.verify_seconds / drafted.rounds, plain) if drafted.rounds else 0.0
 
 
-def draft_cost(ar: Timing, drafted: Timing) -> float:
+def draft_cost(plain: Timing, drafted: Timing) -> float:
     """The drafting of one round in plain decoding steps: what a drafter costs before it is checked."""
-    return in_steps(drafted.draft_seconds / drafted.rounds, ar) if drafted.rounds else 0.0
+    return in_steps(drafted.draft_seconds / drafted.rounds, plain) if drafted.rounds else 0.0
 
 
-def rest_of_round_cost(ar: Timing, medusa: Timing) -> float:
-    """The rest of one Medusa round, in plain decoding steps: drafting, accepting, bookkeeping."""
-    return round_cost(ar, medusa) - verify_cost(ar, medusa)
+def rest_of_round_cost(plain: Timing, drafted: Timing) -> float:
+    """The rest of one drafted round, in plain decoding steps: drafting, accepting, bookkeeping."""
+    return round_cost(plain, drafted) - verify_cost(plain, drafted)
 
 
 def recording_overhead(timing: Timing) -> float:

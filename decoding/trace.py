@@ -41,7 +41,7 @@ class TreeTrace:
     def size(self) -> int:
         return len(self.parents)
 
-    def cut(self, size: int) -> TreeTrace:
+    def first_nodes(self, size: int) -> TreeTrace:
         """The first `size` nodes. Near the context limit a round verifies only the tree levels
         that still fit; nodes are ordered by depth, so those levels are a prefix of the tree."""
         if size >= self.size:
@@ -103,8 +103,8 @@ class RoundTrace:
     # Position in the sequence (prompt + output so far) at which this round's root sits.
     position: int
     # Tokens this round added to the output, in order: accepted guesses, then the base model's
-    # own next token ("bonus"). `emitted_from_drafter` says which of them were guesses (by the
-    # heads, or by whichever drafter the run used).
+    # own next token ("bonus"). `emitted_from_drafter` says which of them were the drafter's
+    # guesses (Medusa's heads, a draft model's or prompt lookup's).
     emitted_tokens: list[int]
     emitted_texts: list[str]
     emitted_from_drafter: list[bool]
@@ -123,9 +123,10 @@ class RoundTrace:
     copied_from: int | None = None
     # --- speculative runs only (empty for AR runs or when detailed tracing is off) ---
     root_token: int | None = None
-    # guesses[h][r]: head h+1's rank-r token, for the heads the tree reads (1..its depth);
-    # probs are the head's softmax probability. For a draft model, its guess h+1 steps ahead and
-    # its probability; for prompt lookup the copied tokens, with no probability (empty).
+    # guesses[d][r]: the drafter's rank-r guess for the token d+1 places after the root, as deep
+    # as the tree reads, and guess_probs its probability of each: for Medusa, head d+1's top
+    # tokens and softmax; for a draft model, its guesses d+1 steps ahead; for prompt lookup the
+    # copied tokens, with no probability (empty).
     guesses: list[list[int]] = field(default_factory=list)
     guess_probs: list[list[float]] = field(default_factory=list)
     # Per tree node: its token, that token's text, the base model's probability of that token
@@ -142,7 +143,7 @@ class RoundTrace:
     # The accepted path as node indices, root first; its length minus one is how many head
     # guesses were accepted.
     accepted_nodes: list[int] = field(default_factory=list)
-    # The token the round chose after its accepted path: the next round's root (Medusa only).
+    # The token the round chose after its accepted path: the next round's root (speculative runs).
     # Greedy: the base model's argmax at the last accepted node; typical and sampling: drawn
     # from the base model's distribution there, so it may differ from `base_argmax_tokens`.
     # Recorded even when the token budget cut it from `emitted_tokens`.
@@ -157,6 +158,15 @@ class RoundTrace:
     @property
     def tree_size(self) -> int:
         return len(self.node_tokens)
+
+
+# Round fields saved under an older name (when Medusa was the only drafter): old -> new.
+RENAMED_ROUND_FIELDS = {"emitted_from_heads": "emitted_from_drafter", "heads_topk_tokens": "guesses",
+                        "heads_topk_probs": "guess_probs"}
+
+
+def _renamed(data: dict[str, Any], renamed: dict[str, str]) -> dict[str, Any]:
+    return {renamed.get(key, key): value for key, value in data.items()}
 
 
 @dataclass
@@ -245,7 +255,7 @@ class RunTrace:
         """The tree a round verified: the run's tree, cut where the round ran out of context."""
         if self.tree is None or not round_trace.tree_size:
             return self.tree
-        return self.tree.cut(round_trace.tree_size)
+        return self.tree.first_nodes(round_trace.tree_size)
 
     # ----- JSON -----
     def to_dict(self) -> dict[str, Any]:
@@ -264,6 +274,7 @@ class RunTrace:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunTrace:
+        """The trace `to_dict` wrote; one saved before a field was renamed reads too."""
         names = {f.name for f in dataclasses.fields(cls)}
         fields = {k: v for k, v in data.items() if k in names}
         fields["settings"] = RunSettings(**fields["settings"])
@@ -273,7 +284,7 @@ class RunTrace:
             fields["drafter"] = DrafterInfo(**fields["drafter"])
         if fields.get("cost_curve") is not None:
             fields["cost_curve"] = CostCurve(**fields["cost_curve"])
-        fields["rounds"] = [RoundTrace(**r) for r in fields.get("rounds", [])]
+        fields["rounds"] = [RoundTrace(**_renamed(r, RENAMED_ROUND_FIELDS)) for r in fields.get("rounds", [])]
         return cls(**fields)
 
     @classmethod

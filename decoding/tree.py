@@ -126,14 +126,6 @@ class Tree:
         return _shared(cls(tuple(sorted(paths, key=lambda p: (len(p), p))), name))
 
     @classmethod
-    def from_preset(cls, name: str, num_heads: int) -> Tree:
-        """A preset, cut to the depth the model's heads can fill."""
-        if name not in TREE_PRESETS:
-            known = ", ".join(sorted(TREE_PRESETS))
-            raise DecodingError(f"unknown tree preset {name!r}; presets: {known}")
-        return cls.pruned(TREE_PRESETS[name], num_heads, name)
-
-    @classmethod
     def pruned(cls, choices: list[list[int]], num_heads: int, name: str) -> Tree:
         """Keep the paths no deeper than `num_heads` (a tree is valid after cutting its depth)."""
         if num_heads < 1:

@@ -16,12 +16,12 @@ from app.handlers import cache, switch_model, write_json
 from app.inputs import RunRequest, decode_settings, describe_tree, format_choices, race_lanes
 from app.layout import DEFAULT_PROMPTS, build_demo, example_rows, launch_options
 from app.models import ModelCache, describe, offered_models, require_offered
-from app.screenshots import free_port
 from decoding.errors import DecodingError
 from decoding.limits import PAGE_LIMITS
 from decoding.prompts import example_prompts
 from decoding.tiny import make_tiny_model_dir
 from decoding.trace import RunTrace
+from scripts.screenshots import free_port
 
 
 @pytest.fixture(scope="module")
@@ -295,13 +295,15 @@ def test_the_page_offers_what_the_engine_can_load(monkeypatch):
 
 
 def test_a_model_that_is_not_fetched_is_named_with_the_command_that_gets_it(monkeypatch):
+    import app.models
     import decoding.fetch
     import decoding.loading
     from app.layout import model_note
 
     monkeypatch.delenv("MEDUSA_PLAYGROUND_MODEL", raising=False)
-    # Both names: loading imported its own, and decides whether the shipped smollm2 heads can load.
-    for module in (decoding.fetch, decoding.loading):
+    # Every module's name: loading decides whether the shipped smollm2 heads can load, the page
+    # which models to name as missing.
+    for module in (decoding.fetch, decoding.loading, app.models):
         monkeypatch.setattr(module, "is_fetched", lambda name: False)
     assert "python -m decoding fetch smollm2" in model_note()
     with pytest.raises(DecodingError, match="python -m decoding fetch smollm2"):

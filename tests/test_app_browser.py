@@ -16,29 +16,65 @@ from pathlib import Path
 import pytest
 
 from app.layout import PLAY_EVERY
-from app.screenshots import (
+from decoding.loading import embedded_models
+from decoding.prompts import example_prompts
+from decoding.tiny import make_tiny_model_dir
+from scripts.screenshots import (
     CHROMIUM,
     LAPTOP,
     PHONE,
     PROJECTOR,
     browser_page,
-    in_view,
     open_app,
     open_tab,
-    overlapping_labels,
-    plot_title,
-    plot_traces,
     run_prompt,
     run_race,
     running_app,
     shoot,
     walk_to_step,
 )
-from decoding.loading import embedded_models
-from decoding.prompts import example_prompts
-from decoding.tiny import make_tiny_model_dir
 
 sync_api = pytest.importorskip("playwright.sync_api")
+
+
+# ----- what the tests read off the page -----
+
+def plot_traces(page, elem_id: str) -> int:
+    """How many data traces the Plotly figure in `#elem_id` has drawn."""
+    return page.locator(f"#{elem_id} [data-testid='plotly'] :is(g.trace, g.hm)").count()
+
+
+def plot_title(page, elem_id: str) -> str:
+    title = page.locator(f"#{elem_id} [data-testid='plotly'] .gtitle")
+    return title.first.text_content() if title.count() else ""
+
+
+IN_VIEW = """(sel) => { const r = document.querySelector(sel).getBoundingClientRect();
+  const seen = Math.min(r.bottom, window.innerHeight) - Math.max(r.top, 0);
+  return r.height > 0 ? Math.max(0, seen) / r.height : 0; }"""
+
+
+def in_view(page, selector: str, at_least: float = 1.0, timeout_ms: int = 5_000) -> float:
+    """The share of the element's height inside the viewport, as the page is scrolled, once it
+    reaches `at_least` (the page may still be scrolling or drawing) or the time is up."""
+    try:
+        page.wait_for_function(f"({IN_VIEW})({selector!r}) >= {at_least}", timeout=timeout_ms)
+    except sync_api.TimeoutError:  # report the share as it is
+        pass
+    return page.evaluate(IN_VIEW, selector)
+
+
+def overlapping_labels(page, elem_id: str) -> int:
+    """How many pairs of the figure's text labels overlap on screen."""
+    return page.evaluate("""(id) => {
+      const boxes = [...document.querySelectorAll(`#${id} .textpoint text`)]
+        .map((t) => t.getBoundingClientRect()).filter((r) => r.width > 0);
+      let pairs = 0;
+      for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
+        const a = boxes[i], b = boxes[j];
+        if (a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 && b.top < a.bottom - 1) pairs++;
+      }
+      return pairs; }""", elem_id)
 
 
 def _require_chromium() -> None:

@@ -23,7 +23,7 @@ from decoding.kv_cache import new_cache
 from decoding.passes import decode_one_token, run_model, tree_inputs
 from decoding.tiny import tiny_config, tiny_tokenizer
 from decoding.tree import Tree
-from test_lossless import OracleHeads, trees
+from test_lossless import OracleHeads, trees, with_heads
 
 VOCAB = 320
 NEW_TOKENS = 32
@@ -95,12 +95,8 @@ def oracle(lm, prompt: str, wrong_every: int) -> OracleHeads:
 def speculative(lm, prompt: str, method: str, tree=None, wrong_every: int = 5) -> list[int]:
     if method != "medusa":
         return generate(lm, prompt, DecodeSettings(method=method, max_new_tokens=NEW_TOKENS, draft_tokens=6)).tokens
-    original = lm.heads
-    lm.heads = oracle(lm, prompt, wrong_every)
-    try:
-        return generate(lm, prompt, DecodeSettings(max_new_tokens=NEW_TOKENS, tree=tree)).tokens
-    finally:
-        lm.heads = original
+    return generate(with_heads(lm, oracle(lm, prompt, wrong_every)), prompt,
+                    DecodeSettings(max_new_tokens=NEW_TOKENS, tree=tree)).tokens
 
 
 def test_auto_attention_gathers_in_bfloat16_on_a_cpu(gathered, library):

@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 from decoding import DecodingError, load_model
 from decoding.cli import main
 from decoding.heads import HeadsConfig, MedusaHeads, TransposedLinear
+from test_lossless import with_heads
 
 NUM_HEADS = 5  # the published v0.1 config says 2; the weights say 5, and the weights win
 
@@ -252,14 +253,11 @@ def test_published_models_are_offered_where_their_weights_fit(monkeypatch, gpu_g
 
 
 def test_the_draft_projection_follows_the_heads(tiny_llama):
-    """It is cached per model; swapping the heads must drop the old heads' projection."""
-    original = tiny_llama.heads
+    """It is cached per model; a copy with other heads computes its own, for its heads."""
     fresh = type(tiny_llama).draft_lm_head.func  # the computation the cache remembers
-    assert type(tiny_llama.draft_lm_head) is type(fresh(tiny_llama))
-    try:
-        tiny_llama.heads = MedusaHeads(HeadsConfig(2, 1, 64, 320, shared_lm_head=True))
-        assert "draft_lm_head" not in vars(tiny_llama)
-        assert type(tiny_llama.draft_lm_head) is type(fresh(tiny_llama))
-    finally:
-        tiny_llama.heads = original
-    assert "draft_lm_head" not in vars(tiny_llama)
+    ours = tiny_llama.draft_lm_head
+    other = with_heads(tiny_llama, MedusaHeads(HeadsConfig(2, 1, 64, 320, shared_lm_head=True, draft_vocab_size=8)))
+    assert "draft_lm_head" not in vars(other)
+    assert type(other.draft_lm_head) is type(fresh(other))
+    assert other.draft_lm_head(torch.zeros(1, 64)).shape == (1, 8)  # the rows of its own draft vocabulary
+    assert tiny_llama.draft_lm_head is ours

@@ -9,19 +9,18 @@ positions; GPT-2's learned position table would fail loudly if a node were place
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from decoding import TREE_PRESETS, DecodeSettings, generate, load_model
+from decoding.assets import EMBEDDED_MODELS_DIR as MODELS_DIR
 from decoding.heads import HeadsConfig, MedusaHeads
 from decoding.tiny import TOKENIZER_TEXT, tiny_config, tiny_tokenizer
 
 CONTEXT = 64
 NUM_HEADS = 5  # the embedded models' trees are five levels deep
-MODELS_DIR = Path(__file__).resolve().parent.parent / "assets" / "models"
 
 
 def shipped_trees() -> dict[str, list[list[int]]]:

@@ -19,8 +19,9 @@ import yaml
 from huggingface_hub import constants as hub_constants
 from huggingface_hub.utils import _http as hub_http
 
-from app import deploy
-from app.deploy import (
+from app import MODEL_ENV
+from scripts import deploy
+from scripts.deploy import (
     DeployError,
     hub_models,
     lfs_rule_for,
@@ -30,7 +31,6 @@ from app.deploy import (
     split_front_matter,
     tracked_files,
 )
-from app.models import MODEL_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 GIT = shutil.which("git")
@@ -47,7 +47,7 @@ def front_matter(readme: str) -> dict:
 def test_dry_run_lists_every_file_and_sends_every_binary_through_lfs():
     """The command as the README writes it, offline, in a fresh process."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "-m", "app.deploy", "--space", "USER/NAME", "--dry-run"], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "scripts.deploy", "--space", "USER/NAME", "--dry-run"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     listed = {}

@@ -25,7 +25,7 @@ from decoding.training.recorded import (
     fit_recorded_heads,
     new_recorded_heads,
 )
-from tests.test_lossless import prompts, reference_greedy, trees
+from tests.test_lossless import prompts, reference_greedy, trees, with_heads
 
 NEW_TOKENS = 40
 
@@ -51,15 +51,11 @@ def vocab_heads(lm, draft_vocab: torch.Tensor, seed: int, reads_root: bool = Fal
 def test_truncated_vocab_drafting_is_lossless(tiny_models, prompt, choices, seed, size, arch, reads_root):
     lm = tiny_models[arch]
     vocab = torch.randperm(lm.heads.config.vocab_size, generator=torch.Generator().manual_seed(seed))[:size]
-    original = lm.heads
-    lm.heads = vocab_heads(lm, vocab, seed, reads_root)
-    try:
-        if max(max(p) for p in choices) >= size:
-            choices = [[min(r, size - 1) for r in p] for p in choices]
-            choices = [list(p) for p in sorted({tuple(p) for p in choices}, key=lambda p: (len(p), p))]
-        trace = generate(lm, prompt, DecodeSettings(max_new_tokens=NEW_TOKENS, tree=choices))
-    finally:
-        lm.heads = original
+    if max(max(p) for p in choices) >= size:
+        choices = [[min(r, size - 1) for r in p] for p in choices]
+        choices = [list(p) for p in sorted({tuple(p) for p in choices}, key=lambda p: (len(p), p))]
+    trace = generate(with_heads(lm, vocab_heads(lm, vocab, seed, reads_root)), prompt,
+                     DecodeSettings(max_new_tokens=NEW_TOKENS, tree=choices))
     assert trace.tokens == reference_greedy(lm, prompt, NEW_TOKENS)
     # Every guess the heads made came from the draft vocabulary.
     guessed = {t for r in trace.rounds for row in r.guesses for t in row}

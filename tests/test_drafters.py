@@ -44,6 +44,17 @@ def noisy_draft(lm: LoadedModel, directory, noise: float, seed: int) -> LoadedMo
     return dataclasses.replace(lm, name="noisy draft", model=model, heads=None, draft=None, _token_texts={})
 
 
+def assert_guesses_are_the_drafts_own(lm: LoadedModel, trace: RunTrace, length: int) -> None:
+    """Each round's greedy guesses are the draft model's own greedy continuation of the text so
+    far, computed from scratch by transformers' `generate`: the cache it keeps never goes stale."""
+    written = trace.prompt_tokens + [trace.prefill_token]
+    for rnd in trace.rounds:
+        ids = torch.tensor([written])
+        expected = lm.draft.model.generate(ids, do_sample=False, max_new_tokens=length, min_new_tokens=length)
+        assert [g[0] for g in rnd.guesses] == expected[0, ids.shape[1]:].tolist()
+        written += rnd.emitted_tokens
+
+
 @settings(max_examples=12, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(prompt=prompts, arch=st.sampled_from(["llama", "qwen2", "gpt2"]), length=st.integers(1, 7),
@@ -90,12 +101,7 @@ def test_draft_model_cache_keeps_in_step(tiny_llama, tiny_dirs, top_k):
     if top_k > 1:
         runners_up = [n for r in trace.rounds for n in r.accepted_nodes if trace.tree.ranks[n] > 0]
         assert runners_up, "the test needs a round that took a runner-up"
-    written = trace.prompt_tokens + [trace.prefill_token]
-    for rnd in trace.rounds:
-        ids = torch.tensor([written])
-        expected = noisy.draft.model.generate(ids, do_sample=False, max_new_tokens=4, min_new_tokens=4)
-        assert [g[0] for g in rnd.guesses] == expected[0, ids.shape[1]:].tolist()
-        written += rnd.emitted_tokens
+    assert_guesses_are_the_drafts_own(noisy, trace, 4)
 
 
 @pytest.mark.parametrize("stop", [None, 3])

@@ -11,11 +11,16 @@ import pytest
 
 from decoding import DecodeSettings, available_drafters, embedded_models, generate, load_model
 from decoding.loading import DEFAULT_MODEL, EMBEDDED_MODELS_DIR
-from decoding.prompts import bench_prompts, example_prompts
+from decoding.prompts import example_prompts, prompt_set, shipped_prompts
 from decoding.training.data import DataSettings, self_distill
 from decoding.training.evaluate import evaluate_heads
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def bench_prompts(model: str) -> list[str]:
+    """The benchmark prompts shipped for embedded model `model` (what `bench --prompts` is given)."""
+    return shipped_prompts(f"bench_{prompt_set(model)}")
 
 
 @pytest.fixture(scope="module", params=embedded_models())
@@ -96,10 +101,8 @@ def test_every_drafter_writes_plain_greedy_text_on_the_examples(embedded, method
 
 def test_a_model_can_share_another_models_prompts():
     """`prompt_set` in a heads config points at another model's prompt files; others read their own."""
-    from decoding.prompts import prompt_set, shipped_prompts
-
     for name in embedded_models():
         shared = prompt_set(name)
         assert example_prompts(name) == shipped_prompts(shared)
-        assert bench_prompts(name) == shipped_prompts(f"bench_{shared}")
+        assert len(shipped_prompts(f"bench_{shared}")) >= 10
     assert prompt_set("no-such-model") == "no-such-model"

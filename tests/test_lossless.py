@@ -7,6 +7,8 @@ tree and the heads; the architectures are real transformers classes built from c
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -14,6 +16,7 @@ from hypothesis import strategies as st
 
 from decoding import DecodeSettings, generate
 from decoding.heads import HeadsConfig, MedusaHeads
+from decoding.model import LoadedModel
 
 NEW_TOKENS = 48
 
@@ -37,6 +40,12 @@ def reference_greedy(lm, prompt: str, new_tokens: int) -> list[int]:
     return out[0, ids.shape[1]:].tolist()
 
 
+def with_heads(lm: LoadedModel, heads: MedusaHeads) -> LoadedModel:
+    """The model with other heads: a copy, so the shared fixture keeps its own (and the copy
+    computes its own draft projection for them)."""
+    return dataclasses.replace(lm, heads=heads)
+
+
 def random_heads(lm, seed: int, noise: float) -> MedusaHeads:
     """Heads initialised as the reference does (a copy of lm_head), then perturbed at random."""
     c = lm.heads.config
@@ -55,12 +64,8 @@ def random_heads(lm, seed: int, noise: float) -> MedusaHeads:
        arch=st.sampled_from(["llama", "qwen2", "gpt2"]))
 def test_medusa_greedy_equals_generate(tiny_models, prompt, choices, head_seed, noise, arch):
     lm = tiny_models[arch]
-    original = lm.heads
-    lm.heads = random_heads(lm, head_seed, noise)
-    try:
-        trace = generate(lm, prompt, DecodeSettings(max_new_tokens=NEW_TOKENS, tree=choices))
-    finally:
-        lm.heads = original
+    trace = generate(with_heads(lm, random_heads(lm, head_seed, noise)), prompt,
+                     DecodeSettings(max_new_tokens=NEW_TOKENS, tree=choices))
     assert trace.tokens == reference_greedy(lm, prompt, NEW_TOKENS)
     assert len(trace.tokens) == NEW_TOKENS and trace.stop_reason == "max_new_tokens"
     # Every round accepted a path of the tree and the output grew by exactly that much.
@@ -123,12 +128,8 @@ def oracle_heads(lm, prompt: str, num_heads: int, wrong_every: int) -> OracleHea
 def test_lossless_with_heads_that_are_mostly_right(tiny_models, arch, tree):
     lm = tiny_models[arch]
     prompt = "It is a truth universally"
-    original = lm.heads
-    lm.heads = oracle_heads(lm, prompt, num_heads=4, wrong_every=5)
-    try:
-        trace = generate(lm, prompt, DecodeSettings(max_new_tokens=NEW_TOKENS, tree=tree))
-    finally:
-        lm.heads = original
+    trace = generate(with_heads(lm, oracle_heads(lm, prompt, num_heads=4, wrong_every=5)), prompt,
+                     DecodeSettings(max_new_tokens=NEW_TOKENS, tree=tree))
     assert trace.tokens == reference_greedy(lm, prompt, NEW_TOKENS)
     lengths = [r.accepted_length for r in trace.rounds]
     depth = min(4, trace.tree and max(trace.tree.depths))

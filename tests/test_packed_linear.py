@@ -16,7 +16,7 @@ from torch import nn
 
 from decoding import DecodeSettings, generate, load_model
 from decoding.packed_linear import PackedLinear, pack_linear_layers, packed, packing_works
-from test_lossless import oracle_heads, prompts, trees
+from test_lossless import oracle_heads, prompts, trees, with_heads
 
 NEW_TOKENS = 40
 needs_packing = pytest.mark.skipif(
@@ -88,10 +88,6 @@ def test_packed_medusa_writes_what_unpacked_plain_decoding_writes(tiny_models, u
     plain = DecodeSettings(method="ar", max_new_tokens=NEW_TOKENS)
     unpacked_tokens = generate(unpacked[arch], prompt, plain).tokens
     packed_tokens = generate(packed_mm, prompt, plain).tokens
-    original = packed_mm.heads
-    packed_mm.heads = oracle_heads(packed_mm, prompt, num_heads=4, wrong_every=5)  # long paths accepted
-    try:
-        medusa_tokens = generate(packed_mm, prompt, DecodeSettings(max_new_tokens=NEW_TOKENS, tree=choices)).tokens
-    finally:
-        packed_mm.heads = original
+    oracle = with_heads(packed_mm, oracle_heads(packed_mm, prompt, num_heads=4, wrong_every=5))  # long paths accepted
+    medusa_tokens = generate(oracle, prompt, DecodeSettings(max_new_tokens=NEW_TOKENS, tree=choices)).tokens
     assert medusa_tokens == packed_tokens == unpacked_tokens

@@ -54,16 +54,26 @@ def test_the_race_count_is_bounded_and_a_race_needs_a_drafter(tiny_llama):
             next(race(tiny_llama, "It is", DecodeSettings(max_new_tokens=3), drafters))
 
 
+def _at_ms_per_token(trace, ms: float):
+    """The run, timed to take `ms` milliseconds a token, none of it spent recording."""
+    for rnd in trace.rounds:
+        rnd.time_trace = 0.0
+    trace.total_time = len(trace.tokens) * ms / 1000
+    return trace
+
+
 def test_each_lanes_speedup_is_against_plain_decoding_in_the_same_race():
-    medusa = make_run(SMALL_CHOICES, accepted_leaves=[6, 0])
-    lookup = make_chain_run("prompt-lookup", [2, None])
-    plain = [make_ar_run(len(medusa.tokens), s) for s in (0.002, 0.008)]
+    """Plain decoding takes 2.8 ms a token in the first race and 6.4 ms in the second (10 tokens:
+    10 ms of prefill, then 2 or 6 ms a step); Medusa 1.6 ms and prompt lookup 3.2 ms in both."""
+    medusa = _at_ms_per_token(make_run(SMALL_CHOICES, accepted_leaves=[6, 0]), 1.6)
+    lookup = _at_ms_per_token(make_chain_run("prompt-lookup", [2, None]), 3.2)
+    plain = [make_ar_run(10, s) for s in (0.002, 0.006)]
     result = make_race({"ar": plain, "medusa": [medusa, medusa], "prompt-lookup": [lookup, lookup]})
-    for lane, trace in (("medusa", medusa), ("prompt-lookup", lookup)):
-        assert result.speedups(lane) == [speedup(Timing.of(ar), Timing.of(trace)) for ar in plain]
-        assert result.spread(lane).count == 2
+    assert result.speedups("medusa") == pytest.approx([1.75, 4.0])
+    assert result.speedups("prompt-lookup") == pytest.approx([0.875, 2.0])
     assert result.speedups("ar") == [1.0, 1.0]
-    assert result.fastest() == max(("medusa", "prompt-lookup"), key=lambda lane: result.spread(lane).median)
+    assert result.spread("medusa").median == pytest.approx(2.875) and result.spread("medusa").count == 2
+    assert result.fastest() == "medusa"
 
 
 def test_draft_cost_is_a_lanes_drafting_per_round_in_plain_steps():

@@ -96,7 +96,7 @@ NOT_RUN_DECODING = [c for c in COMMANDS if c.not_run is not None and c.argv[:3] 
 def test_the_readme_has_commands_both_run_and_not():
     assert len(RUN) >= 5 and len(COMMANDS) > len(RUN)
     assert any(c.argv[:4] == ["python", "-m", "decoding", "generate"] for c in RUN)
-    assert any(c.argv[:3] == ["python", "-m", "app.deploy"] and "--dry-run" in c.argv for c in RUN)
+    assert any(c.argv[:3] == ["python", "-m", "scripts.deploy"] and "--dry-run" in c.argv for c in RUN)
 
 
 def test_the_splitter_keeps_quoted_newlines_and_continuations():

@@ -52,12 +52,15 @@ def test_broken_position_handling_is_caught(tiny_llama, monkeypatch):
 
 
 def test_a_recurrent_model_is_refused_with_the_reason(tmp_path):
-    """Mamba keeps a running state, not a key/value row per token: no tree fits in one pass."""
+    """Mamba keeps a running state, not a key/value row per token. It is refused for plain
+    decoding too, and the reason given is the cache, not Medusa's trees."""
     MambaForCausalLM(MambaConfig(vocab_size=320, hidden_size=32, num_hidden_layers=2, state_size=8)).save_pretrained(
         tmp_path)
     tiny_tokenizer(320).save_pretrained(tmp_path)
-    with pytest.raises(DecodingError, match="linear_attention layers.*one key/value row per token"):
-        load_model(str(tmp_path))
+    for with_heads in (True, False):  # as for Medusa, and as for `--method ar`
+        with pytest.raises(DecodingError, match="linear_attention layers.*one key/value row per token") as refused:
+            load_model(str(tmp_path), with_heads=with_heads)
+        assert "plain decoding included" in str(refused.value) and "Medusa" not in str(refused.value)
 
 
 def test_an_engine_bug_is_not_blamed_on_the_architecture(tiny_llama, monkeypatch):

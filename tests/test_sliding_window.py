@@ -3,10 +3,13 @@
 A 16-token window and prompts longer than it, so every round verifies its tree where each node
 must not see the keys that fell out of *its own* window, and compaction must keep exactly the
 rows the window still needs. Mistral slides in every layer; Gemma 2 and 3 mix sliding and full
-layers, and take one tree mask per layer type.
+layers, and take one tree mask per layer type. A sliding-window model can be the draft model
+too: its cache drops rejected guesses past the window.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -14,8 +17,10 @@ from transformers import AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, M
 
 from decoding import DecodeSettings, generate, load_model
 from decoding.heads import HeadsConfig, MedusaHeads
+from decoding.loading import load_draft_model
 from decoding.tiny import tiny_tokenizer
-from test_lossless import oracle_heads, reference_greedy
+from test_drafters import assert_guesses_are_the_drafts_own
+from test_lossless import oracle_heads, reference_greedy, with_heads
 
 WINDOW = 16
 NEW_TOKENS = 48
@@ -70,13 +75,39 @@ def test_plain_decoding_equals_generate_past_the_window(windowed, prompt):
 @pytest.mark.parametrize("heads", ["untrained", "mostly right"])
 def test_medusa_equals_generate_past_the_window(windowed, tree, heads):
     prompt = PROMPTS[0]
-    original = windowed.heads
+    model = windowed
     if heads == "mostly right":  # long accepted paths: rows kept across the window's edge
-        windowed.heads = oracle_heads(windowed, prompt, num_heads=4, wrong_every=5)
-    try:
-        trace = generate(windowed, prompt, DecodeSettings(max_new_tokens=NEW_TOKENS, tree=tree))
-    finally:
-        windowed.heads = original
+        model = with_heads(windowed, oracle_heads(windowed, prompt, num_heads=4, wrong_every=5))
+    trace = generate(model, prompt, DecodeSettings(max_new_tokens=NEW_TOKENS, tree=tree))
     assert trace.tokens == reference_greedy(windowed, prompt, NEW_TOKENS)
     if heads == "mostly right":
         assert trace.mean_accepted > 2.0
+
+
+@pytest.fixture(scope="module")
+def mistral_drafting(tiny_llama, tmp_path_factory):
+    """The tiny Llama with a draft model that is the same weights in a Mistral with a 16-token
+    window: it guesses right while the text fits its window and goes wrong past it."""
+    text = tiny_llama.model.config
+    config = MistralConfig(num_hidden_layers=text.num_hidden_layers, vocab_size=text.vocab_size,
+                           hidden_size=text.hidden_size, intermediate_size=text.intermediate_size,
+                           num_attention_heads=text.num_attention_heads,
+                           num_key_value_heads=text.num_key_value_heads,
+                           max_position_embeddings=text.max_position_embeddings, sliding_window=WINDOW)
+    draft = AutoModelForCausalLM.from_config(config)
+    draft.load_state_dict(tiny_llama.model.state_dict())
+    path = tmp_path_factory.mktemp("mistral-draft")
+    draft.save_pretrained(path)
+    return dataclasses.replace(tiny_llama, draft=load_draft_model(tiny_llama, path), _token_texts={})
+
+
+@pytest.mark.parametrize("prompt", ["abc abc", "the quick brown fox"])  # the window fills in the run
+def test_a_sliding_window_draft_model_keeps_in_step_past_the_window(mistral_drafting, prompt):
+    """Greedy output is plain decoding's, and each round's guesses are the draft model's own
+    greedy continuation computed from scratch: its cache, cropped after every rejection, never
+    goes stale, before the window fills or after."""
+    settings = DecodeSettings(method="draft-model", draft_tokens=4, max_new_tokens=NEW_TOKENS)
+    trace = generate(mistral_drafting, prompt, settings)
+    assert trace.tokens == reference_greedy(mistral_drafting, prompt, NEW_TOKENS)
+    assert any(len(r.accepted_nodes) < 5 for r in trace.rounds), "the test needs rejected guesses"
+    assert_guesses_are_the_drafts_own(mistral_drafting, trace, 4)

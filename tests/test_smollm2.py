@@ -10,7 +10,7 @@ import pytest
 
 from decoding import DecodeSettings, generate, load_model
 from decoding.fetch import is_fetched, not_fetched_message
-from decoding.prompts import bench_prompts
+from test_embedded_model import bench_prompts
 
 pytestmark = pytest.mark.skipif(not is_fetched("smollm2"), reason=not_fetched_message("smollm2"))
 

@@ -44,7 +44,7 @@ def test_reference_tree_shape():
 
 def test_full_tree_counts_and_pruning():
     assert len(full_choices(2, 3)) == 2 + 4 + 8
-    pruned = Tree.from_preset("mc_sim_7b_63", num_heads=2)
+    pruned = Tree.pruned(TREE_PRESETS["mc_sim_7b_63"], num_heads=2, name="mc_sim_7b_63")
     assert pruned.max_depth == 2 and pruned.size == 1 + 10 + 28
 
 
@@ -62,11 +62,6 @@ def test_full_tree_counts_and_pruning():
 def test_bad_trees_are_rejected_with_a_reason(choices, message):
     with pytest.raises(DecodingError, match=message):
         Tree.from_choices(choices, num_heads=2)
-
-
-def test_unknown_preset():
-    with pytest.raises(DecodingError, match="unknown tree preset"):
-        Tree.from_preset("no-such-tree", 5)
 
 
 def test_every_preset_is_valid():

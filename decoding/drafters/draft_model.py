@@ -7,7 +7,9 @@ prefers a runner-up the round still gains a token.
 
 The draft keeps its own KV cache in step with the text: after each round it drops the rows of
 the guesses the base model rejected, and next round feeds what it has not yet
-seen (the new root, and any accepted token it never ran on). Its cost is what Medusa avoids:
+seen (the new root, and any accepted token it never ran on). Dropping rows is what a tree cache
+allows: a sliding-window layer of a plain cache has already let go of the rows the window would
+need again after the rejected ones are gone (see kv_cache.py). Its cost is what Medusa avoids:
 a second model in memory, and `length` small passes a round.
 
 Drafts are the draft model's argmax, under sampling too: a deterministic proposal is what lets
@@ -42,11 +44,11 @@ class DraftModelDrafter(Drafter):
         self.tree = draft_tree(length, top_k)
         self.written: list[int] = []
         self.chain: list[int] = []  # the greedy guesses of the last round: what the cache ran on
-        self.cache = new_cache(draft.model.config)
+        self.cache = new_cache(draft.model.config, for_trees=True)
 
     def begin(self, prompt_ids: list[int]) -> None:
         self.written = list(prompt_ids)
-        self.cache = new_cache(self.draft.model.config)
+        self.cache = new_cache(self.draft.model.config, for_trees=True)
         if len(prompt_ids) < self.draft.context_length:
             run_model(self.draft, prompt_ids, self.cache, last_only=True)
 
@@ -81,9 +83,9 @@ class DraftModelDrafter(Drafter):
             agreed += 1
         valid = len(self.written) + 1 + agreed
         self.written += written
-        surplus = self.cache.get_seq_length() - valid
-        if surplus > 0:
-            self.cache.crop(-surplus)
+        # crop(0) is not a no-op: it trims a sliding layer back to its window (see kv_cache.py).
+        surplus = max(self.cache.get_seq_length() - valid, 0)
+        self.cache.crop(-surplus)
 
     def info(self) -> DrafterInfo:
         parameters = list(self.draft.model.parameters())

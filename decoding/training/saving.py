@@ -9,23 +9,15 @@ or the new one whole.
 from __future__ import annotations
 
 import copy
-import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..atomic import write_atomically
+
 SAVE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
-    """`write(tmp)` to a temporary file beside `path`, then rename it to `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
 
 
 def save_state(path: Path, state: dict[str, Any]) -> None:

@@ -1,7 +1,7 @@
 """Refresh assets/screenshots: start the app, drive it in a real browser, photograph every view.
 
-    python -m app.screenshots                 # the page's default model
-    python -m app.screenshots --model DIR     # any model the page can offer
+    python -m scripts.screenshots                 # the page's default model
+    python -m scripts.screenshots --model DIR     # any model the page can offer
 
 Views: a laptop at 1280x800 (start, after Run, the race, stats, the walkthrough), projector mode
 at 1920x1080 (on the paper's 64-node tree) and at 1280x720, a phone at 390x844, and, on a
@@ -26,8 +26,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from app import MODEL_ENV
+from decoding.assets import ASSETS_DIR
+
 ROOT = Path(__file__).resolve().parent.parent
-SCREENSHOTS = ROOT / "assets" / "screenshots"
+SCREENSHOTS = ASSETS_DIR / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -56,7 +59,7 @@ def running_app(model: str | None = None, timeout: float = 120) -> Iterator[str]
     env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port),
            "GRADIO_ANALYTICS_ENABLED": "False"}
     if model:
-        env["MEDUSA_PLAYGROUND_MODEL"] = model
+        env[MODEL_ENV] = model
     # The log goes to a file, not a pipe: nobody reads a pipe while the app runs, and a full
     # pipe would block the app.
     with tempfile.TemporaryFile() as log:
@@ -98,16 +101,6 @@ def browser_page(playwright, viewport: dict[str, int] = LAPTOP) -> Iterator:
 
 # ----------------------------------------------------------------------------- page actions
 
-def plot_traces(page, elem_id: str) -> int:
-    """How many data traces the Plotly figure in `#elem_id` has drawn."""
-    return page.locator(f"#{elem_id} [data-testid='plotly'] :is(g.trace, g.hm)").count()
-
-
-def plot_title(page, elem_id: str) -> str:
-    title = page.locator(f"#{elem_id} [data-testid='plotly'] .gtitle")
-    return title.first.text_content() if title.count() else ""
-
-
 def run_prompt(page, prompt: str | None = None, timeout_ms: int = 60_000) -> float:
     """Press Run; wait for the run to finish. Returns seconds from the click to the first tree.
 
@@ -139,36 +132,6 @@ def run_race(page, races: int | None = None, timeout_ms: int = 300_000) -> str:
     page.wait_for_function(
         "document.querySelector('#race-status')?.innerText.includes('Done')", timeout=timeout_ms)
     return page.locator("#race-summary").inner_text()
-
-
-IN_VIEW = """(sel) => { const r = document.querySelector(sel).getBoundingClientRect();
-  const seen = Math.min(r.bottom, window.innerHeight) - Math.max(r.top, 0);
-  return r.height > 0 ? Math.max(0, seen) / r.height : 0; }"""
-
-
-def in_view(page, selector: str, at_least: float = 1.0, timeout_ms: int = 5_000) -> float:
-    """The share of the element's height inside the viewport, as the page is scrolled, once it
-    reaches `at_least` (the page may still be scrolling or drawing) or the time is up."""
-    from playwright.sync_api import TimeoutError as Timeout
-
-    try:
-        page.wait_for_function(f"({IN_VIEW})({selector!r}) >= {at_least}", timeout=timeout_ms)
-    except Timeout:  # report the share as it is
-        pass
-    return page.evaluate(IN_VIEW, selector)
-
-
-def overlapping_labels(page, elem_id: str) -> int:
-    """How many pairs of the figure's text labels overlap on screen."""
-    return page.evaluate("""(id) => {
-      const boxes = [...document.querySelectorAll(`#${id} .textpoint text`)]
-        .map((t) => t.getBoundingClientRect()).filter((r) => r.width > 0);
-      let pairs = 0;
-      for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
-        const a = boxes[i], b = boxes[j];
-        if (a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 && b.top < a.bottom - 1) pairs++;
-      }
-      return pairs; }""", elem_id)
 
 
 def open_tab(page, name: str) -> None:

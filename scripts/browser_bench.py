@@ -1,7 +1,7 @@
 """How long the browser takes to draw a run, for trees of 9, 26, 64 and 100 nodes.
 
-    python -m app.browser_bench                       # the embedded default model, 64 new tokens
-    python -m app.browser_bench --model stdlib --tokens 128 --repeats 3
+    python -m scripts.browser_bench                       # the embedded default model, 64 new tokens
+    python -m scripts.browser_bench --model stdlib --tokens 128 --repeats 3
 
 Starts the app, opens it in Debian's Chromium (Playwright, headless, 1280x800), and for each tree
 size types the tree into the editor, presses Run and measures, on one clock (the same machine):
@@ -20,8 +20,8 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from .inputs import format_choices
-from .screenshots import browser_page, running_app
+from app.inputs import format_choices
+from scripts.screenshots import browser_page, running_app
 
 SIZES = (9, 26, 64, 100)
 DECAY = 0.6  # a node's weight falls by this factor per level and with its rank

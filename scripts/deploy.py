@@ -1,6 +1,6 @@
 """Deploy the app to a Hugging Face Space in one command.
 
-    python -m app.deploy --space USER/NAME [--hardware a10g-small] [--model NAME] [--private] [--dry-run]
+    python -m scripts.deploy --space USER/NAME [--hardware a10g-small] [--model NAME] [--private] [--dry-run]
 
 What goes up is what git tracks (`git ls-files`, the working tree's copies), less what only
 developers need (tests, CI, lint configuration, scripts): the app, the engine, the assets and
@@ -31,6 +31,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from app import MODEL_ENV
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # Tracked, but not part of the app: tests, CI, developer tools and their configuration.
@@ -41,7 +43,7 @@ LFS_MIN_SIZE = 10 * 1024 * 1024
 # UTF-8 is binary too (the Hub would refuse it as text).
 SNIFF_BYTES = 8000
 LICENSE_ID = "apache-2.0"
-MODEL_VARIABLE = "MEDUSA_PLAYGROUND_MODEL"  # read by app/models.py
+MODEL_VARIABLE = MODEL_ENV  # read by app/models.py
 ENDPOINT = "https://huggingface.co"
 
 
@@ -293,7 +295,7 @@ def git_version(root: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m app.deploy", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.deploy", description=__doc__.split("\n\n")[0])
     parser.add_argument("--space", required=True, help="USER/NAME (or ORG/NAME) of the Space, created if missing")
     parser.add_argument("--hardware", default=None, metavar="FLAVOR",
                         help="Space hardware, e.g. zero-a10g (ZeroGPU), a10g-small, l4x1, a100-large; also "

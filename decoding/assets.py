@@ -1,0 +1,26 @@
+"""Where the shipped files are, and the one reader of a heads config: no torch, no transformers.
+
+`assets/` beside the package holds the embedded models (`models/NAME`, each with its heads), their
+example and bench prompts (`prompts/`) and the page's texts. What needs only a path, or the
+small JSON that describes a model's heads, imports this module and not the model code.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
+EMBEDDED_MODELS_DIR = ASSETS_DIR / "models"
+PROMPTS_DIR = ASSETS_DIR / "prompts"
+
+# The project's own heads layout: this JSON (the heads' shape, plus what training recorded:
+# trees, accuracies, the command) beside `medusa_heads.safetensors`.
+HEADS_CONFIG = "medusa_config.json"
+
+
+def read_heads_config(directory: Path) -> Any:
+    """The parsed heads config in `directory`. Its readers check what they need of it
+    (`checkpoints.py` all of it, with a one-line message for a broken file)."""
+    return json.loads((directory / HEADS_CONFIG).read_text(encoding="utf-8"))
