@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from safetensors.torch import load_file
 
 from decoding import DecodeSettings, generate
 from decoding.heads import HeadsConfig, MedusaHeads
@@ -203,3 +204,30 @@ def test_recorded_cli_keeps_the_best_epoch_and_measures_other_heads_on_the_same_
     assert compared["heldout_top1"] == first["heldout_top1"]
     assert best["heldout_top1"][0] > first["heldout_top1"][0]
     assert "on the same held-out answers" in capsys.readouterr().out
+
+
+def test_recorded_cli_trains_saved_heads_further(tmp_path, capsys):
+    import json
+
+    from decoding.cli import main
+    from decoding.tiny import tiny_tokenizer
+
+    model = tiny_model("llama", vocab_size=64, seed=3, hidden=64, layers=1)
+    model.save_pretrained(tmp_path / "base")
+    tiny_tokenizer(64).save_pretrained(tmp_path / "base")
+    _save_cyclic_shards(tmp_path / "records", model.get_output_embeddings(), count=3)
+    common = ["train-heads", "--model", str(tmp_path / "base"), "--recorded", str(tmp_path / "records"),
+              "--draft-vocab-size", "32", "--positions-per-step", "32", "--no-bf16", "--tree-nodes", "2",
+              "--heldout-shards", "1", "--threads", "1", "--epochs", "4", "--lr", "3e-3", "--num-heads"]
+    first_dir = str(tmp_path / "first")
+    assert main([*common, "2", "--out", first_dir]) == 0
+    assert main([*common, "2", "--out", str(tmp_path / "again"), "--init-heads", first_dir]) == 0
+    first = json.loads((tmp_path / "first" / "medusa_config.json").read_text())
+    again = json.loads((tmp_path / "again" / "medusa_config.json").read_text())
+    assert again["training"]["init_heads"] == first_dir
+    assert again["training"]["heldout_top1"][0] > first["training"]["heldout_top1"][0]
+    # The saved heads' draft vocabulary stays with them.
+    assert load_file(str(tmp_path / "again" / "medusa_heads.safetensors"))["draft_vocab"].tolist() == load_file(
+        str(tmp_path / "first" / "medusa_heads.safetensors"))["draft_vocab"].tolist()
+    assert main([*common, "3", "--out", str(tmp_path / "bad"), "--init-heads", first_dir]) == 2
+    assert "--init-heads" in capsys.readouterr().err

@@ -187,6 +187,22 @@ def _trees(evaluation: RecordedEvaluation, budgets: list[int]) -> tuple[dict, di
     return trees, expected, measured
 
 
+def _init_heads(path: Path, settings: RecordedTrainingSettings) -> MedusaHeads:
+    """Saved heads to train further, with their draft vocabulary, checked against the flags.
+
+    Their draft vocabulary stays: it was counted on the data they learned from, and a new one
+    would leave their guesses pointing at other rows.
+    """
+    heads, _ = MedusaHeads.load(path)
+    c = heads.config
+    found = (c.num_heads, c.num_layers, c.shared_lm_head, c.draft_vocab_size, c.reads_root)
+    wanted = (settings.num_heads, settings.num_layers, True, settings.draft_vocab_size, settings.reads_root)
+    if found != wanted:
+        raise DecodingError(f"--init-heads {path}: heads/layers/shared/draft vocabulary/reads root are {found}, "
+                            f"the flags say {wanted}")
+    return heads
+
+
 class _EarlyStop:
     """Measures the heads on validation answers after each epoch and keeps the best epoch's state.
 
@@ -247,10 +263,14 @@ def run_recorded(args: argparse.Namespace) -> int:
         epochs=args.epochs, batch_size=args.positions_per_step, lr=args.lr, loss_decay=args.loss_decay,
         hard_weight=args.hard_weight, bf16=args.bf16 is not False, seed=args.seed, reads_root=args.reads_root,
     )
-    draft_vocab = choose_draft_vocab(train.tokens, settings.draft_vocab_size, lm_head.out_features)
+    if args.init_heads is not None:
+        heads = _init_heads(args.init_heads, settings)
+        draft_vocab = heads.draft_vocab
+    else:
+        draft_vocab = choose_draft_vocab(train.tokens, settings.draft_vocab_size, lm_head.out_features)
+        heads = new_recorded_heads(lm_head, draft_vocab, settings)
     before = evaluate_recorded_heads(new_recorded_heads(lm_head, draft_vocab, settings), lm_head, embedding, heldout,
                                      args.top_k)
-    heads = new_recorded_heads(lm_head, draft_vocab, settings)
     print(f"{len(train):,} training, {len(split.validation or []):,} validation and {len(heldout):,} held-out "
           f"answer tokens; draft vocabulary {len(draft_vocab)} covers {before.vocab_coverage:.1%} of held-out tokens")
     budget = args.default_tree_nodes or max(args.tree_nodes)
@@ -286,6 +306,7 @@ def run_recorded(args: argparse.Namespace) -> int:
             "final_train_loss": round(sum(run.losses[-20:]) / len(run.losses[-20:]), 4),
             "heldout_top1": [round(a, 4) for a in after.top1],
             "heldout_top5": [round(a, 4) for a in after.top5],
+            "init_heads": None if args.init_heads is None else str(args.init_heads),
             "heldout_top1_untrained": [round(a, 4) for a in before.top1],
             "heldout_top5_untrained": [round(a, 4) for a in before.top5],
             "training_wall_time_s": round(run.wall_time_s, 1),
