@@ -31,9 +31,10 @@ def test_list_items_that_are_questions_or_requests_are_kept():
     reply = ("Sure, here are five questions:\n\n1. How do otters keep warm in cold water?\n"
              "2) Why do herons stand on one leg?\n[3] What is a kettle?\n- Write a short poem about soup.\n"
              "* Bread\n4. Provide a list of [1] things:\n5. `print(x)` does what?\n"
-             "Note: Why would anyone ask this?")
+             "Note: Why would anyone ask this?\n6. 3. Why do kettles whistle?\n7. 5.1.4: What is a heron?")
     assert si.list_questions(reply) == ["How do otters keep warm in cold water?", "Why do herons stand on one leg?",
-                                        "What is a kettle?", "Write a short poem about soup."]
+                                        "What is a kettle?", "Write a short poem about soup.",
+                                        "Why do kettles whistle?", "What is a heron?"]
 
 
 def test_shipped_prompts_are_read_from_text_and_json_files():

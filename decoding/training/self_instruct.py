@@ -56,6 +56,7 @@ NEAR_MATCH = 0.8  # difflib ratio above which a question counts as a copy of a s
 MIN_WORDS, MAX_CHARS = 4, 200
 SAMPLING = {"temperature": 0.7, "top_p": 0.95}  # at 0.9, SmolLM2 rambles more than it asks
 MAX_REPLY_TOKENS = 110  # five short questions; a longer reply has stopped listing them
+NUMBERING = re.compile(r"^(?:\d+(?:\.\d+)*[.:)]\s*)+")
 LIST_ITEM = re.compile(r"^\s*(?:\d+[.)]|\[\d+\]|[-*•])\s+(.*\S)\s*$")
 
 
@@ -78,7 +79,8 @@ def list_questions(reply: str) -> list[str]:
     out = []
     for line in reply.splitlines():
         match = LIST_ITEM.match(line)
-        item = match.group(1).strip().strip('"“”*').strip() if match else ""
+        # A sub-list's own number may follow the marker ("1. 3. Why ...", "1. 5.1.4: What ...").
+        item = NUMBERING.sub("", match.group(1)).strip().strip('"“”*').strip() if match else ""
         words = item.split()
         if len(words) < MIN_WORDS or len(item) > MAX_CHARS or any(c in item for c in "[]<>`|"):
             continue
