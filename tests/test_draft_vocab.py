@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from safetensors.torch import load_file
 
 from decoding import DecodeSettings, generate
 from decoding.heads import HeadsConfig, MedusaHeads
@@ -145,3 +146,84 @@ def test_recorded_trees_fit_heads_fewer_than_three():
     trees, expected, measured = _trees(two_heads, [2, 3])
     assert trees["chain-2"] == [[0], [0, 0]] and "chain-3" not in trees
     assert measured["chain-2"] == 1.0 + (5 + 3) / 10
+
+
+def test_training_stops_once_an_epoch_brings_no_gain():
+    model = tiny_model("llama", vocab_size=64, seed=3, hidden=64, layers=1)
+    lm_head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    cycle = torch.randperm(64, generator=torch.Generator().manual_seed(1))[:20].tolist()
+    data = RecordedData.from_answers(_cyclic_answers(lm_head, cycle, count=16, length=16))
+    config = RecordedTrainingSettings(num_heads=2, draft_vocab_size=32, epochs=10, batch_size=64, bf16=False)
+    heads = new_recorded_heads(lm_head, choose_draft_vocab(data.tokens, 32, 64), config)
+    epochs: list[int] = []
+    run = fit_recorded_heads(heads, lm_head, embedding, data, config, progress=False,
+                             after_epoch=lambda epoch: epochs.append(epoch) or epoch == 3)
+    steps_per_epoch = -(-16 * 15 // 64)  # 15 positions of each answer have a next token
+    assert epochs == [1, 2, 3] and run.steps == 3 * steps_per_epoch == len(run.losses)
+
+
+def _save_cyclic_shards(folder, lm_head, count: int) -> None:
+    from decoding.training.distill import save_shard
+
+    cycle = torch.randperm(64, generator=torch.Generator().manual_seed(1))[:20].tolist()
+    for number in range(count):
+        answers = _cyclic_answers(lm_head, cycle, count=12, length=16)
+        answers.prompts = [[number, i] for i in range(12)]  # a question of its own for every answer
+        save_shard(answers, folder / f"shard-{number:05d}", [""] * 12)
+
+
+def test_recorded_cli_keeps_the_best_epoch_and_measures_other_heads_on_the_same_answers(tmp_path, capsys):
+    import json
+
+    from decoding.cli import main
+    from decoding.tiny import tiny_tokenizer
+
+    model = tiny_model("llama", vocab_size=64, seed=3, hidden=64, layers=1)
+    model.save_pretrained(tmp_path / "base")
+    tiny_tokenizer(64).save_pretrained(tmp_path / "base")
+    _save_cyclic_shards(tmp_path / "records", model.get_output_embeddings(), count=5)
+    common = ["train-heads", "--model", str(tmp_path / "base"), "--recorded", str(tmp_path / "records"),
+              "--num-heads", "2", "--draft-vocab-size", "32", "--positions-per-step", "32", "--no-bf16",
+              "--tree-nodes", "2", "3", "--heldout-shards", "1", "--threads", "1"]
+    assert main([*common, "--out", str(tmp_path / "first"), "--epochs", "1"]) == 0
+    assert main([*common, "--out", str(tmp_path / "best"), "--epochs", "30", "--lr", "3e-3",
+                 "--validation-shards", "1", "--patience", "2", "--compare-heads", str(tmp_path / "first")]) == 0
+    first = json.loads((tmp_path / "first" / "medusa_config.json").read_text())["training"]
+    best = json.loads((tmp_path / "best" / "medusa_config.json").read_text())["training"]
+    curve = best["validation_tokens_per_pass_optimal_3_by_epoch"]
+    # Stopped early: the kept epoch is the best one, and no later epoch within patience beat it.
+    assert len(curve) < 30 and curve[best["kept_epoch"] - 1] == max(curve)
+    assert len(curve) - best["kept_epoch"] == 2
+    # One shard fewer trains the second run (the validation shard), none of it held-out answers.
+    assert best["validation_positions"] == 12 * 16 and best["heldout_positions"] == first["heldout_positions"]
+    compared = best["compared_on_same_heldout"][str(tmp_path / "first")]
+    assert compared["heldout_top1"] == first["heldout_top1"]
+    assert best["heldout_top1"][0] > first["heldout_top1"][0]
+    assert "on the same held-out answers" in capsys.readouterr().out
+
+
+def test_recorded_cli_trains_saved_heads_further(tmp_path, capsys):
+    import json
+
+    from decoding.cli import main
+    from decoding.tiny import tiny_tokenizer
+
+    model = tiny_model("llama", vocab_size=64, seed=3, hidden=64, layers=1)
+    model.save_pretrained(tmp_path / "base")
+    tiny_tokenizer(64).save_pretrained(tmp_path / "base")
+    _save_cyclic_shards(tmp_path / "records", model.get_output_embeddings(), count=3)
+    common = ["train-heads", "--model", str(tmp_path / "base"), "--recorded", str(tmp_path / "records"),
+              "--draft-vocab-size", "32", "--positions-per-step", "32", "--no-bf16", "--tree-nodes", "2",
+              "--heldout-shards", "1", "--threads", "1", "--epochs", "4", "--lr", "3e-3", "--num-heads"]
+    first_dir = str(tmp_path / "first")
+    assert main([*common, "2", "--out", first_dir]) == 0
+    assert main([*common, "2", "--out", str(tmp_path / "again"), "--init-heads", first_dir]) == 0
+    first = json.loads((tmp_path / "first" / "medusa_config.json").read_text())
+    again = json.loads((tmp_path / "again" / "medusa_config.json").read_text())
+    assert again["training"]["init_heads"] == first_dir
+    assert again["training"]["heldout_top1"][0] > first["training"]["heldout_top1"][0]
+    # The saved heads' draft vocabulary stays with them.
+    assert load_file(str(tmp_path / "again" / "medusa_heads.safetensors"))["draft_vocab"].tolist() == load_file(
+        str(tmp_path / "first" / "medusa_heads.safetensors"))["draft_vocab"].tolist()
+    assert main([*common, "3", "--out", str(tmp_path / "bad"), "--init-heads", first_dir]) == 2
+    assert "--init-heads" in capsys.readouterr().err

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -155,20 +156,28 @@ def new_recorded_heads(lm_head: nn.Linear, draft_vocab: torch.Tensor, settings: 
 
 
 def fit_recorded_heads(heads: MedusaHeads, lm_head: nn.Linear, embedding: nn.Embedding, data: RecordedData,
-                       settings: RecordedTrainingSettings, progress: bool = True) -> RecordedTrainingRun:
-    """Train `heads` in place on the recorded answers; the base model is never run."""
+                       settings: RecordedTrainingSettings, progress: bool = True,
+                       after_epoch: Callable[[int], bool] | None = None) -> RecordedTrainingRun:
+    """Train `heads` in place on the recorded answers; the base model is never run.
+
+    `after_epoch(epoch)` is called after each epoch (1, 2, ...; the last may be a part of one)
+    and ends training when it returns True: the caller measures held-out accuracy there and
+    stops once it no longer rises.
+    The learning rate follows one cosine over `settings.epochs`, the most epochs there can be.
+    """
     generator = torch.Generator().manual_seed(settings.seed)
     vocab = _Vocabulary(heads, lm_head, embedding)
     trainable = torch.nonzero(data.remaining >= 1).flatten()
+    steps_per_epoch = math.ceil(len(trainable) / settings.batch_size)
     steps = max(1, math.ceil(settings.epochs * len(trainable) / settings.batch_size))
     optimizer = torch.optim.AdamW(heads.parameters(), lr=settings.lr, weight_decay=0.0)
     scheduler = get_cosine_schedule_with_warmup(optimizer, round(settings.warmup * steps), steps)
-    run = RecordedTrainingRun(heads=heads, steps=steps, positions=len(trainable))
+    run = RecordedTrainingRun(heads=heads, steps=0, positions=len(trainable))
     heads.train()
     started = time.perf_counter()
     order = trainable[torch.randperm(len(trainable), generator=generator)]
     cursor = 0
-    for _ in tqdm(range(steps), desc="train heads", unit="step", disable=not progress):
+    for step in tqdm(range(steps), desc="train heads", unit="step", disable=not progress):
         if cursor + settings.batch_size > len(order):
             order, cursor = trainable[torch.randperm(len(trainable), generator=generator)], 0
         rows = order[cursor : cursor + settings.batch_size]
@@ -180,6 +189,12 @@ def fit_recorded_heads(heads: MedusaHeads, lm_head: nn.Linear, embedding: nn.Emb
         optimizer.step()
         scheduler.step()
         run.losses.append(loss.item())
+        run.steps = step + 1
+        if after_epoch is not None and (run.steps % steps_per_epoch == 0 or run.steps == steps):
+            heads.eval()
+            if after_epoch(math.ceil(run.steps / steps_per_epoch)) or run.steps == steps:
+                break
+            heads.train()
     heads.eval()
     run.wall_time_s = time.perf_counter() - started
     return run

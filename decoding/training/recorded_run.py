@@ -1,28 +1,37 @@
 """The command line for chat models: `self-distill` records answers, `train-heads --recorded` trains.
 
     python -m decoding self-distill --model smollm2 --out runs/smollm2/distill --instructions 3200
+    python -m decoding self-distill --model smollm2 --out runs/smollm2/asked --instructions-source self-instruct
     python -m decoding train-heads --model smollm2 --recorded runs/smollm2/distill --out heads/
 
-The first writes shards of the model's own greedy answers to generated instructions, with the
-hidden states and top guesses recorded on the way (`distill.py`); it can be stopped and resumed
-at any time. The second trains shared-lm_head heads over a draft vocabulary on those records
-(`recorded.py`), holds the last shards out to measure them, grows the paper's optimal trees and
-the joint trees from the measurement, and saves the heads with everything measured.
+The first writes shards of the model's own greedy answers to generated instructions (templates,
+`instructions.py`, or questions the model wrote itself, `self_instruct.py`), with the hidden
+states and top guesses recorded on the way (`distill.py`); it can be stopped and resumed at any
+time: the questions are saved first, in `instructions.json`, and answered shard by shard. The
+second trains shared-lm_head heads over a draft vocabulary on those records (`recorded.py`),
+holds the last shards out to measure them, grows the paper's optimal trees and the joint trees
+from the measurement, and saves the heads with everything measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
+import json
 import shlex
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from ..errors import DecodingError
+from ..heads import MedusaHeads
+from .checkpoint import write_atomically
 from .distill import concat_answers, distill_to_shards, drop_prompts, load_shard, read_shards
 from .instructions import build_instructions
 from .recorded import (
@@ -34,9 +43,12 @@ from .recorded import (
     fit_recorded_heads,
     new_recorded_heads,
 )
+from .self_instruct import self_instruct_questions
 from .trees import expected_tokens_per_pass, joint_optimal_choices, measured_tokens_per_pass, optimal_choices
 
 DEFAULT_TREE_NODES = [2, 4, 6, 8, 12, 16]
+INSTRUCTION_SOURCES = ("templates", "self-instruct")
+INSTRUCTIONS_FILE = "instructions.json"
 
 
 def _base_directory(name: str) -> str:
@@ -66,6 +78,9 @@ def add_distill_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="a chat model: wheel model name, folder or hub id")
     parser.add_argument("--out", type=Path, required=True, help="folder for the shards")
     parser.add_argument("--instructions", type=int, default=3200, help="how many instructions to answer")
+    parser.add_argument("--instructions-source", choices=INSTRUCTION_SOURCES, default="templates",
+                        help="templates: built from WordNet (instructions.py); self-instruct: questions "
+                             "the model writes itself, sampled, with the shipped prompts kept out")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--shard-size", type=int, default=64)
@@ -79,11 +94,35 @@ def run_distill(args: argparse.Namespace) -> int:
     tokenizer, model = _load_base(args.model, args.threads)
     if not getattr(tokenizer, "chat_template", None):
         raise DecodingError(f"{args.model} has no chat template: self-distill asks a chat model questions")
-    instructions = build_instructions(args.instructions, args.seed)
+    instructions = _instructions(args, model, tokenizer)
     distill_to_shards(model, tokenizer, instructions, args.out, args.max_new_tokens, args.batch_size,
                       args.shard_size)
     print(f"{len(read_shards(args.out))} shards in {args.out}")
     return 0
+
+
+def _instructions(args: argparse.Namespace, model: PreTrainedModel, tokenizer: object) -> list[str]:
+    """The questions to answer: the saved list when resuming, else a new one, saved before any answer.
+
+    Sampled questions depend on the machine's arithmetic, so a resumed run must not write them
+    again: the shards already on disk answer the saved list.
+    """
+    saved = args.out / INSTRUCTIONS_FILE
+    asked = {"source": args.instructions_source, "count": args.instructions, "seed": args.seed}
+    if saved.exists():
+        record = json.loads(saved.read_text())
+        if {k: record.get(k) for k in asked} != asked:
+            raise DecodingError(f"{args.out} holds answers to other questions ({ {k: record.get(k) for k in asked} }); "
+                                "give the same --instructions, --instructions-source and --seed, or another --out")
+        return record["instructions"]
+    if args.instructions_source == "self-instruct":
+        instructions = self_instruct_questions(model, tokenizer, args.instructions, args.seed)
+    else:
+        instructions = build_instructions(args.instructions, args.seed)
+    record = asked | {"instructions": instructions}
+    write_atomically(saved, lambda tmp: tmp.write_text(json.dumps(record, indent=1)))
+    print(f"{len(instructions)} {args.instructions_source} instructions saved to {saved}")
+    return instructions
 
 
 # ----- train-heads --recorded --------------------------------------------------------------------
@@ -103,14 +142,37 @@ def add_recorded_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--positions-per-step", type=int, default=512, help="with --recorded: batch size")
     group.add_argument("--reads-root", action=argparse.BooleanOptionalAction, default=True,
                        help="with --recorded: each head also reads the root token's embedding")
+    group.add_argument("--validation-shards", type=int, default=0,
+                       help="with --recorded: shards before the held-out ones, also kept out of training, "
+                            "measured after every epoch; training stops once their tokens per pass stop "
+                            "rising (see --patience) and the best epoch's heads are kept. --epochs is then "
+                            "the most epochs")
+    group.add_argument("--patience", type=int, default=1,
+                       help="with --validation-shards: epochs without a gain before training stops")
+    group.add_argument("--compare-heads", type=Path, nargs="+", default=[],
+                       help="with --recorded: also measure these saved heads on the same held-out answers")
 
 
-def _split(shards: list[Path], heldout_shards: int) -> tuple[RecordedData, RecordedData]:
-    """Training and held-out data; an answer to a held-out question never lands in training."""
-    heldout = concat_answers([load_shard(p) for p in shards[-heldout_shards:]])
-    train = concat_answers([load_shard(p) for p in shards[:-heldout_shards]])
-    train = drop_prompts(train, {tuple(p) for p in heldout.prompts})
-    return RecordedData.from_answers(train), RecordedData.from_answers(heldout)
+@dataclass
+class _Split:
+    train: RecordedData
+    validation: RecordedData | None
+    heldout: RecordedData
+
+
+def _split(shards: list[Path], heldout_shards: int, validation_shards: int = 0) -> _Split:
+    """Training, validation and held-out data, from the front, the shards before the held-out
+    ones, and the last shards; an answer to a kept-out question never lands in training."""
+    cut = len(shards) - heldout_shards
+    heldout = concat_answers([load_shard(p) for p in shards[cut:]])
+    kept_out = {tuple(p) for p in heldout.prompts}
+    validation = None
+    if validation_shards:
+        validation = concat_answers([load_shard(p) for p in shards[cut - validation_shards : cut]])
+        kept_out |= {tuple(p) for p in validation.prompts}
+    train = drop_prompts(concat_answers([load_shard(p) for p in shards[: cut - validation_shards]]), kept_out)
+    return _Split(RecordedData.from_answers(train), validation and RecordedData.from_answers(validation),
+                  RecordedData.from_answers(heldout))
 
 
 def _trees(evaluation: RecordedEvaluation, budgets: list[int]) -> tuple[dict, dict, dict]:
@@ -125,30 +187,105 @@ def _trees(evaluation: RecordedEvaluation, budgets: list[int]) -> tuple[dict, di
     return trees, expected, measured
 
 
+def _init_heads(path: Path, settings: RecordedTrainingSettings) -> MedusaHeads:
+    """Saved heads to train further, with their draft vocabulary, checked against the flags.
+
+    Their draft vocabulary stays: it was counted on the data they learned from, and a new one
+    would leave their guesses pointing at other rows.
+    """
+    heads, _ = MedusaHeads.load(path)
+    c = heads.config
+    found = (c.num_heads, c.num_layers, c.shared_lm_head, c.draft_vocab_size, c.reads_root)
+    wanted = (settings.num_heads, settings.num_layers, True, settings.draft_vocab_size, settings.reads_root)
+    if found != wanted:
+        raise DecodingError(f"--init-heads {path}: heads/layers/shared/draft vocabulary/reads root are {found}, "
+                            f"the flags say {wanted}")
+    return heads
+
+
+class _EarlyStop:
+    """Measures the heads on validation answers after each epoch and keeps the best epoch's state.
+
+    The score is what decoding gets: the measured tokens per pass of the optimal tree of
+    `nodes` grown from that epoch's accuracies. Training stops after `patience` epochs without a gain.
+    """
+
+    def __init__(self, heads: MedusaHeads, measure: Callable[[], RecordedEvaluation], nodes: int,
+                 patience: int) -> None:
+        self.heads, self.measure, self.nodes, self.patience = heads, measure, nodes, patience
+        self.curve: list[float] = []
+        self.best_epoch = 0
+        self.best_state: dict[str, torch.Tensor] | None = None
+
+    def __call__(self, epoch: int) -> bool:
+        evaluation = self.measure()
+        score = measured_tokens_per_pass(evaluation.path_counts, evaluation.joint_positions,
+                                         optimal_choices(evaluation.accuracy, self.nodes))
+        self.curve.append(round(score, 4))
+        print(f"epoch {epoch}: validation tokens per pass with optimal-{self.nodes} {score:.3f}, "
+              f"top-1 {' '.join(f'{a:.3f}' for a in evaluation.top1)}")
+        if score > max(self.curve[:-1], default=0.0):
+            self.best_epoch, self.best_state = epoch, copy.deepcopy(self.heads.state_dict())
+        return epoch - self.best_epoch >= self.patience
+
+    def restore_best(self) -> None:
+        if self.best_state is not None:
+            self.heads.load_state_dict(self.best_state)
+
+
+def _compare(paths: list[Path], lm_head: torch.nn.Linear, embedding: torch.nn.Embedding, heldout: RecordedData,
+             top_k: int, budgets: list[int]) -> dict[str, dict]:
+    """Saved heads measured on the same held-out answers, their trees grown the same way."""
+    out = {}
+    for path in paths:
+        other, _ = MedusaHeads.load(path)
+        evaluation = evaluate_recorded_heads(other, lm_head, embedding, heldout, top_k)
+        _, expected, measured = _trees(evaluation, budgets)
+        out[str(path)] = {"heldout_top1": [round(a, 4) for a in evaluation.top1],
+                          "heldout_top5": [round(a, 4) for a in evaluation.top5],
+                          "heldout_tokens_per_pass": measured, "expected_tokens_per_pass": expected,
+                          "joint_positions": evaluation.joint_positions}
+    return out
+
+
 def run_recorded(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     shards = read_shards(*args.recorded)
-    if len(shards) <= args.heldout_shards:
+    if len(shards) <= args.heldout_shards + args.validation_shards:
         raise DecodingError(f"{' '.join(map(str, args.recorded))} hold {len(shards)} finished shards; need more than "
-                            f"--heldout-shards {args.heldout_shards}")
+                            f"--heldout-shards {args.heldout_shards} + --validation-shards {args.validation_shards}")
     _, model = _load_base(args.model, args.threads)
     lm_head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
-    train, heldout = _split(shards, args.heldout_shards)
+    split = _split(shards, args.heldout_shards, args.validation_shards)
+    train, heldout = split.train, split.heldout
     settings = RecordedTrainingSettings(
         num_heads=args.num_heads, num_layers=args.num_layers, draft_vocab_size=args.draft_vocab_size,
         epochs=args.epochs, batch_size=args.positions_per_step, lr=args.lr, loss_decay=args.loss_decay,
         hard_weight=args.hard_weight, bf16=args.bf16 is not False, seed=args.seed, reads_root=args.reads_root,
     )
-    draft_vocab = choose_draft_vocab(train.tokens, settings.draft_vocab_size, lm_head.out_features)
+    if args.init_heads is not None:
+        heads = _init_heads(args.init_heads, settings)
+        draft_vocab = heads.draft_vocab
+    else:
+        draft_vocab = choose_draft_vocab(train.tokens, settings.draft_vocab_size, lm_head.out_features)
+        heads = new_recorded_heads(lm_head, draft_vocab, settings)
     before = evaluate_recorded_heads(new_recorded_heads(lm_head, draft_vocab, settings), lm_head, embedding, heldout,
                                      args.top_k)
-    heads = new_recorded_heads(lm_head, draft_vocab, settings)
-    print(f"{len(train):,} training and {len(heldout):,} held-out answer tokens; draft vocabulary "
-          f"{len(draft_vocab)} covers {before.vocab_coverage:.1%} of held-out tokens")
-    run = fit_recorded_heads(heads, lm_head, embedding, train, settings)
-    after = evaluate_recorded_heads(heads, lm_head, embedding, heldout, args.top_k)
-    trees, expected, measured = _trees(after, sorted(set(args.tree_nodes)))
+    print(f"{len(train):,} training, {len(split.validation or []):,} validation and {len(heldout):,} held-out "
+          f"answer tokens; draft vocabulary {len(draft_vocab)} covers {before.vocab_coverage:.1%} of held-out tokens")
     budget = args.default_tree_nodes or max(args.tree_nodes)
+    stop = None
+    if split.validation is not None:
+        validation = split.validation
+        stop = _EarlyStop(heads, lambda: evaluate_recorded_heads(heads, lm_head, embedding, validation, args.top_k),
+                          budget, args.patience)
+    run = fit_recorded_heads(heads, lm_head, embedding, train, settings, after_epoch=stop)
+    if stop is not None:
+        stop.restore_best()
+    after = evaluate_recorded_heads(heads, lm_head, embedding, heldout, args.top_k)
+    budgets = sorted(set(args.tree_nodes))
+    trees, expected, measured = _trees(after, budgets)
+    compared = _compare(args.compare_heads, lm_head, embedding, heldout, args.top_k, budgets)
     default = f"{args.default_tree_family}-{budget}"
     extra = {
         "base_model": args.model,
@@ -169,6 +306,7 @@ def run_recorded(args: argparse.Namespace) -> int:
             "final_train_loss": round(sum(run.losses[-20:]) / len(run.losses[-20:]), 4),
             "heldout_top1": [round(a, 4) for a in after.top1],
             "heldout_top5": [round(a, 4) for a in after.top5],
+            "init_heads": None if args.init_heads is None else str(args.init_heads),
             "heldout_top1_untrained": [round(a, 4) for a in before.top1],
             "heldout_top5_untrained": [round(a, 4) for a in before.top5],
             "training_wall_time_s": round(run.wall_time_s, 1),
@@ -176,7 +314,21 @@ def run_recorded(args: argparse.Namespace) -> int:
             "command": shlex.join(["python", "-m", "decoding", *sys.argv[1:]]),
         },
     }
+    if stop is not None:
+        extra["training"] |= {"validation_shards": args.validation_shards, "validation_positions": len(validation),
+                              f"validation_tokens_per_pass_optimal_{budget}_by_epoch": stop.curve,
+                              "kept_epoch": stop.best_epoch}
+    if compared:
+        extra["training"]["compared_on_same_heldout"] = compared
     heads.save(args.out, extra=extra)
+    _print_report(heads, before, after, trees, expected, measured, compared)
+    kept = f", kept epoch {stop.best_epoch} of {len(stop.curve)}" if stop is not None else ""
+    print(f"saved heads to {args.out} (default tree {default}); {run.steps} steps in {run.wall_time_s:.0f} s{kept}")
+    return 0
+
+
+def _print_report(heads: MedusaHeads, before: RecordedEvaluation, after: RecordedEvaluation, trees: dict,
+                  expected: dict, measured: dict, compared: dict[str, dict]) -> None:
     print("head  top-1 (untrained -> trained)   top-5 (untrained -> trained)")
     for h in range(heads.num_heads):
         print(f"{h + 1:>4}  {before.top1[h]:.3f} -> {after.top1[h]:.3f}"
@@ -184,5 +336,8 @@ def run_recorded(args: argparse.Namespace) -> int:
     print(f"tokens per pass on {after.joint_positions:,} held-out positions: product rule / measured")
     for name in trees:
         print(f"{name:>12}  {expected[name]:.3f}  {measured[name]:.3f}")
-    print(f"saved heads to {args.out} (default tree {default}); {run.steps} steps in {run.wall_time_s:.0f} s")
-    return 0
+    for path, other in compared.items():
+        print(f"{path} on the same held-out answers: top-1 {' '.join(f'{a:.3f}' for a in other['heldout_top1'])}, "
+              f"top-5 {' '.join(f'{a:.3f}' for a in other['heldout_top5'])}")
+        print("  measured tokens per pass: " + ", ".join(
+            f"{name} {value:.3f}" for name, value in other["heldout_tokens_per_pass"].items()))
