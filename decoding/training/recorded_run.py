@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from ..atomic import write_atomically
 from ..errors import DecodingError
 from ..heads import MedusaHeads
-from .checkpoint import write_atomically
 from .distill import concat_answers, distill_to_shards, drop_prompts, load_shard, read_shards
 from .instructions import build_instructions
 from .recorded import (

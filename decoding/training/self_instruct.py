@@ -27,7 +27,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from ..generate import chat_prompt_ids
+from ..loops import chat_prompt_ids
 from ..model import padding_id, stop_token_ids
 from .batches import cut_at_stop, pad_batch
 from .instructions import read_wordnet_nouns
