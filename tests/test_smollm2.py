@@ -42,12 +42,13 @@ def test_medusa_on_smollm2_is_lossless_and_beats_chance_by_far(smollm2):
     """Unseen questions: the same answers as plain decoding, in far fewer passes.
 
     Heads that guessed no better than chance would accept almost nothing: about 1.0 token per pass
-    (1 in 8,192 for a top-1 guess). The shipped heads gave 1.38-1.62 on these three questions.
+    (1 in 8,192 for a top-1 guess). The heads' shipped tree, not auto: this measures the heads,
+    not this machine's costs.
     """
     accepted = []
     for prompt in bench_prompts("smollm2")[:3]:
         plain = generate(smollm2, prompt, DecodeSettings(method="ar", max_new_tokens=48))
-        medusa = generate(smollm2, prompt, DecodeSettings(max_new_tokens=48))
+        medusa = generate(smollm2, prompt, DecodeSettings(max_new_tokens=48, tree="default"))
         assert medusa.tokens == plain.tokens
         accepted.append(medusa.mean_accepted)
     assert sum(accepted) / len(accepted) > 1.3
