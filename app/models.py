@@ -29,7 +29,7 @@ from decoding.loading import available_models, embedded_model_title, embedded_mo
 from decoding.loops import generate
 from decoding.model import LoadedModel
 from decoding.registry import MODEL_REGISTRY
-from decoding.settings import DecodeSettings
+from decoding.settings import WARM_UP_TOKENS, DecodeSettings
 from decoding.tiny import make_tiny_model_dir
 
 from . import MODEL_ENV
@@ -184,4 +184,4 @@ class ModelCache:
 def warm_up(model: LoadedModel) -> None:
     """One short run of each decoder, so the first visitor does not pay for lazy initialisation."""
     for method in ("ar", *available_drafters(model)):
-        generate(model, "It is", DecodeSettings(method=method, max_new_tokens=4))
+        generate(model, "It is", DecodeSettings(method=method, max_new_tokens=WARM_UP_TOKENS))

@@ -25,14 +25,13 @@ from dataclasses import dataclass, field
 from decoding.errors import DecodingError
 from decoding.loops import generate
 from decoding.model import LoadedModel
-from decoding.settings import DecodeSettings
+from decoding.settings import WARM_UP_TOKENS, DecodeSettings
 from decoding.stats import Spread, Timing, draft_cost, speedup, spread
 from decoding.trace import RunTrace
 
 PLAIN = "ar"
 REPLAY_STEP = 0.05  # seconds between frames of the replay
 REPLAY_SECONDS = 5.0  # a longer race is replayed faster, every lane at the same pace, to end in this time
-WARM_UP_TOKENS = 8  # as `bench` warms up, so the race measures what bench measures
 DEFAULT_RACES = 3
 MAX_RACES = 7
 

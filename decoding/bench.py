@@ -27,7 +27,7 @@ from transformers import GenerationConfig, PreTrainedModel
 from .drafters import make_drafter
 from .loops import encode_prompt, generate
 from .model import LoadedModel, padding_id
-from .settings import DecodeSettings
+from .settings import WARM_UP_TOKENS, DecodeSettings
 from .stats import Timing, recording_overhead, rest_of_round_cost, round_cost, speedup, verify_cost
 from .trace import RunTrace
 
@@ -207,7 +207,7 @@ def run_bench(lm: LoadedModel, prompts: list[str], settings: DecodeSettings, tre
     plain_library = LibraryRuns(options={}) if compare else None
     libraries = [lib for lib in [plain_library, *(lane.library for lane in lanes)] if lib is not None]
     # Warm-up: first calls pay for allocations and lazy initialisation; keep that out of the figures.
-    warm_tokens = min(8, settings.max_new_tokens)
+    warm_tokens = min(WARM_UP_TOKENS, settings.max_new_tokens)
     for s in [ar_settings] + [lane.settings for lane in lanes]:
         generate(lm, prompts[0], replace(s, max_new_tokens=warm_tokens))
     if float32_model is not None:

@@ -12,6 +12,9 @@ METHODS = ("medusa", "ar", "draft-model", "prompt-lookup")
 ACCEPTANCE_SCHEMES = ("greedy", "typical", "sample")
 # A run longer than this is almost certainly a typo, and would tie up a shared GPU for minutes.
 MAX_NEW_TOKENS_LIMIT = 4096
+# Tokens each decoder writes once before anything is timed: first calls pay for allocations and
+# lazy initialisation (bench, the page's race and its model warm-up all use it).
+WARM_UP_TOKENS = 8
 # A chain longer than this is verified at a cost no guess rate repays.
 MAX_DRAFT_TOKENS = 64
 
