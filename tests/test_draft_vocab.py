@@ -7,6 +7,8 @@ even a vocabulary that leaves out the very tokens the model writes.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -14,6 +16,7 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file
 
 from decoding import DecodeSettings, generate
+from decoding.cli import main
 from decoding.heads import HeadsConfig, MedusaHeads
 from decoding.tiny import tiny_model
 from decoding.training.distill import Answers, greedy_answers
@@ -172,16 +175,18 @@ def _save_cyclic_shards(folder, lm_head, count: int) -> None:
         save_shard(answers, folder / f"shard-{number:05d}", [""] * 12)
 
 
-def test_recorded_cli_keeps_the_best_epoch_and_measures_other_heads_on_the_same_answers(tmp_path, capsys):
-    import json
-
-    from decoding.cli import main
+def _recorded_base(tmp_path, shards: int) -> None:
+    """A tiny base model in tmp_path/base and `shards` shards of its cyclic answers in tmp_path/records."""
     from decoding.tiny import tiny_tokenizer
 
     model = tiny_model("llama", vocab_size=64, seed=3, hidden=64, layers=1)
     model.save_pretrained(tmp_path / "base")
     tiny_tokenizer(64).save_pretrained(tmp_path / "base")
-    _save_cyclic_shards(tmp_path / "records", model.get_output_embeddings(), count=5)
+    _save_cyclic_shards(tmp_path / "records", model.get_output_embeddings(), count=shards)
+
+
+def test_recorded_cli_keeps_the_best_epoch_and_measures_other_heads_on_the_same_answers(tmp_path, capsys):
+    _recorded_base(tmp_path, shards=5)
     common = ["train-heads", "--model", str(tmp_path / "base"), "--recorded", str(tmp_path / "records"),
               "--num-heads", "2", "--draft-vocab-size", "32", "--positions-per-step", "32", "--no-bf16",
               "--tree-nodes", "2", "3", "--heldout-shards", "1", "--threads", "1"]
@@ -203,15 +208,7 @@ def test_recorded_cli_keeps_the_best_epoch_and_measures_other_heads_on_the_same_
 
 
 def test_recorded_cli_trains_saved_heads_further(tmp_path, capsys):
-    import json
-
-    from decoding.cli import main
-    from decoding.tiny import tiny_tokenizer
-
-    model = tiny_model("llama", vocab_size=64, seed=3, hidden=64, layers=1)
-    model.save_pretrained(tmp_path / "base")
-    tiny_tokenizer(64).save_pretrained(tmp_path / "base")
-    _save_cyclic_shards(tmp_path / "records", model.get_output_embeddings(), count=3)
+    _recorded_base(tmp_path, shards=3)
     common = ["train-heads", "--model", str(tmp_path / "base"), "--recorded", str(tmp_path / "records"),
               "--draft-vocab-size", "32", "--positions-per-step", "32", "--no-bf16", "--tree-nodes", "2",
               "--heldout-shards", "1", "--threads", "1", "--epochs", "4", "--lr", "3e-3", "--num-heads"]
