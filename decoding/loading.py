@@ -19,6 +19,7 @@ from .assets import EMBEDDED_MODELS_DIR
 from .assets import HEADS_CONFIG as OWN_HEADS_CONFIG
 from .attention import GATHERED
 from .checkpoints import find_heads, is_v01_directory, v01_base_model
+from .eagle import EAGLE_CONFIG, EAGLE_DIR, EagleHead, find_eagle
 from .errors import DecodingError
 from .fetch import WHEEL_MODELS, fetched_dir, is_fetched
 from .kv_cache import attention_layer_types
@@ -156,6 +157,7 @@ class _Sources:
     prompt_template: str = "{prompt}"
     tree: str | None = None
     draft: str | Path | None = None  # a draft model for the draft-model drafter, if one is known
+    eagle: str | None = None  # a published EAGLE checkpoint for this model (a hub id), if one is known
 
 
 def _resolve(name_or_path: str | Path | None, heads: str | Path | None) -> _Sources:
@@ -171,7 +173,7 @@ def _resolve(name_or_path: str | Path | None, heads: str | Path | None) -> _Sour
         entry = MODEL_REGISTRY[name]
         heads_dir = _download(entry.heads)
         base = entry.base if entry.base else heads_dir
-        return _Sources(name, base, heads_dir, entry.prompt_template, entry.tree, entry.draft)
+        return _Sources(name, base, heads_dir, entry.prompt_template, entry.tree, entry.draft, entry.eagle)
     if name_or_path is None:
         raise DecodingError(
             f"the embedded model is missing from {EMBEDDED_MODELS_DIR / DEFAULT_MODEL}; "
@@ -277,6 +279,27 @@ def load_draft_model(base: LoadedModel, source: str | Path, pack_linear: bool = 
         eos_token_ids=base.eos_token_ids)
 
 
+def load_eagle_head(lm: LoadedModel, source: str | Path) -> tuple[EagleHead, dict]:
+    """An EAGLE draft head for `lm` from a directory or hub id, in either layout (see eagle.py)."""
+    path = Path(source)
+    if not path.is_dir():
+        if not _is_hub_id(str(source)):
+            raise DecodingError(f"EAGLE head {source!s}: not a directory and not a hub id (owner/name)")
+        path = _download(str(source))
+    head, meta = find_eagle(path, lm.model)
+    if head is None:
+        raise DecodingError(f"no EAGLE head in {path}: expected {EAGLE_CONFIG} or a published checkpoint")
+    return head.to(device=lm.device, dtype=lm.dtype).eval().requires_grad_(False), meta
+
+
+def _eagle_accuracy(meta: dict) -> list[float] | None:
+    """EAGLE's measured acceptance per depth, if saved and well formed."""
+    rates = meta.get("accuracy")
+    if isinstance(rates, list) and rates and all(isinstance(a, int | float) and 0 <= a <= 1 for a in rates):
+        return [float(a) for a in rates]
+    return None
+
+
 def _accuracy_table(meta: dict) -> list[list[float]] | None:
     """The heads' measured accuracy per rank (`acc[head][rank]`), if saved and well formed."""
     table = meta.get("accuracy")
@@ -299,6 +322,8 @@ def load_model(
     draft_model: str | None = None,
     with_draft: bool = True,
     attention: str = "auto",
+    eagle: str | Path | None = None,
+    with_eagle: bool = True,
 ) -> LoadedModel:
     """Load a model and its heads by embedded name, registry name, local directory or hub id.
 
@@ -311,7 +336,9 @@ def load_model(
     `draft_model`, or else the one shipped or registered with the model if any, is loaded too
     (`LoadedModel.draft`), for the draft-model drafter. `dtype` "auto" measures on a CPU whether
     float32 or bfloat16 is faster here (`precision.py`); `attention` "auto" picks the exact
-    gathered attention where half precision needs it (`resolve_attention`).
+    gathered attention where half precision needs it (`resolve_attention`). With `with_eagle`,
+    the EAGLE draft head named by `eagle`, or else the one shipped beside the heads (`eagle/`) or
+    registered with the model, is loaded too (`LoadedModel.eagle`), for the eagle drafter.
     """
     sources = _resolve(name_or_path, heads)
     torch_device = resolve_device(device)
@@ -354,4 +381,15 @@ def load_model(
     draft_source = draft_model or sources.draft or _shipped_draft(sources.heads, meta)
     if with_draft and draft_source is not None:
         loaded.draft = load_draft_model(loaded, draft_source, pack_linear)
+    eagle_source = eagle or _shipped_eagle(sources)
+    if with_eagle and eagle_source is not None:
+        loaded.eagle, eagle_meta = load_eagle_head(loaded, eagle_source)
+        loaded.eagle_accuracy = _eagle_accuracy(eagle_meta)
     return loaded
+
+
+def _shipped_eagle(sources: _Sources) -> str | Path | None:
+    """The EAGLE head shipped beside the heads (`eagle/`), else the registry's, if any."""
+    if (sources.heads / EAGLE_DIR).is_dir():
+        return sources.heads / EAGLE_DIR
+    return sources.eagle

@@ -23,6 +23,7 @@ from transformers import PreTrainedTokenizerBase
 
 from .acceptance import Verdict, greedy_accept, sampling_distribution, speculative_accept, typical_accept
 from .drafters import Drafter, Proposal, make_drafter
+from .dynamic_tree import DYNAMIC_TREE
 from .errors import DecodingError
 from .kv_cache import compact_cache, new_cache
 from .limits import check_fits
@@ -118,17 +119,21 @@ def _new_trace(lm: LoadedModel, prompt: str, prompt_ids: list[int], settings: De
         method=settings.method, max_new_tokens=settings.max_new_tokens,
         acceptance=settings.acceptance, temperature=settings.temperature, top_p=settings.top_p,
         epsilon=settings.epsilon, delta=settings.delta, seed=settings.seed,
-        tree=None if drafter is None else drafter.tree.name,
+        tree=None if drafter is None else drafter.tree.name if drafter.tree is not None else DYNAMIC_TREE,
         num_heads=(settings.num_heads or lm.num_heads) if medusa else None,
         draft_tokens=settings.draft_tokens if settings.method == "draft-model" else None,
         draft_top_k=settings.draft_top_k if settings.method == "draft-model" else None,
         lookup_tokens=settings.lookup_tokens if settings.method == "prompt-lookup" else None,
         lookup_ngram=settings.lookup_ngram if settings.method == "prompt-lookup" else None,
+        eagle_depth=settings.eagle_depth if settings.method == "eagle" else None,
+        eagle_top_k=settings.eagle_top_k if settings.method == "eagle" else None,
+        eagle_nodes=settings.eagle_nodes if settings.method == "eagle" else None,
     )
     return RunTrace(
         model=lm.name, device=str(lm.device), dtype=str(lm.dtype).removeprefix("torch."),
         settings=run_settings, prompt=prompt, prompt_tokens=prompt_ids,
-        tree=None if drafter is None else drafter.tree.to_trace(), detailed=settings.detailed_trace,
+        tree=None if drafter is None or drafter.tree is None else drafter.tree.to_trace(),
+        detailed=settings.detailed_trace,
         dtype_reason=lm.dtype_reason, cost_curve=lm.cost_curve,
     )
 
@@ -255,6 +260,8 @@ def _detail(lm: LoadedModel, drafter: Drafter, round_trace: RoundTrace, proposal
     round_trace.base_argmax_texts = [lm.token_text(t) for t in best]
     round_trace.base_argmax_probs = best_p
     round_trace.accepted_nodes = accepted
+    if drafter.tree is None:  # a tree grown for this round alone
+        round_trace.tree, round_trace.drafted = tree.to_trace(), proposal.drafted
 
 
 @torch.inference_mode()
@@ -262,14 +269,15 @@ def speculative_decode(lm: LoadedModel, prompt: str, settings: DecodeSettings) -
     """Draft a tree of guesses, verify it in one pass, accept, compact; repeat. Any drafter."""
     prompt_ids = encode_prompt(lm, prompt)
     drafter = make_drafter(lm, settings)
-    _check_fits(lm, prompt_ids, settings, drafter.tree.size)
+    _check_fits(lm, prompt_ids, settings, drafter.max_tree_nodes)
     trace = _new_trace(lm, prompt, prompt_ids, settings, drafter)
     generator = _make_generator(settings.seed)
     clock = Stopwatch(lm.device)
     clock.resume()
     cache = new_cache(lm.model.config, for_trees=True)
-    logits, hidden = prefill(lm, prompt_ids, cache, want_hidden=drafter.reads_hidden)
-    drafter.begin(prompt_ids)
+    logits, prompt_states = prefill(lm, prompt_ids, cache, want_hidden=drafter.reads_hidden)
+    hidden = None if prompt_states is None else prompt_states[-1]
+    drafter.begin(prompt_ids, prompt_states)
     root = _start(lm, trace, clock, logits, settings, generator)
     produced = 1
     trace.drafter = drafter.info()
@@ -298,7 +306,7 @@ def speculative_decode(lm: LoadedModel, prompt: str, settings: DecodeSettings) -
         # position whose logits chose the next root. No extra pass is needed.
         hidden = None if hidden_all is None else hidden_all[verdict.accepted_nodes[-1]]
         written = [node_list[n] for n in verdict.accepted_nodes]
-        drafter.advance(written)
+        drafter.advance(written, None if hidden_all is None else hidden_all[verdict.accepted_nodes])
         accepted_done = clock.read()
         new_tokens = written[1:] + [verdict.next_token]
         kept, trace.stop_reason = _cut_at_stop(lm, new_tokens, produced, settings.max_new_tokens)

@@ -17,7 +17,8 @@ from torch import nn
 from transformers import GenerationConfig, PreTrainedModel
 
 from .attention import GATHERED
-from .heads import MedusaHeads, TransposedLinear
+from .eagle import EagleHead
+from .heads import MedusaHeads, TransposedLinear, vocabulary_rows
 from .kv_cache import attention_layer_types
 from .trace import CostCurve
 
@@ -44,11 +45,16 @@ class LoadedModel:
     # A smaller model over the same tokenizer, for the draft-model drafter (itself a LoadedModel,
     # without heads or a draft of its own); None when there is none.
     draft: LoadedModel | None = None
+    # A one-layer EAGLE draft over the model's features (see eagle.py), for the eagle drafter.
+    eagle: EagleHead | None = None
     # Why the model runs in `dtype` here, in a sentence; empty when the user named the dtype.
     dtype_reason: str = ""
     # acc[h][r]: how often head h+1's rank-r guess was right on held-out text, when the heads
     # were saved with it; `--tree auto` grows its trees from it (see tree_choice.py).
     head_accuracy: list[list[float]] | None = None
+    # How often EAGLE's depth-d guess was right on held-out text, given the guesses before it
+    # were (its own saved record), when it has one.
+    eagle_accuracy: list[float] | None = None
     # What a T-token pass costs here, once measured (see cost_curve.py).
     cost_curve: CostCurve | None = None
     _token_texts: dict[int, str] = field(default_factory=dict, repr=False)
@@ -75,6 +81,16 @@ class LoadedModel:
         if self.device.type == "cpu" and isinstance(lm_head, nn.Linear):
             return TransposedLinear(lm_head)
         return lm_head
+
+    @cached_property
+    def eagle_lm_head(self) -> nn.Module:
+        """The lm_head rows of the EAGLE head's draft vocabulary (all rows without one), frozen;
+        on a CPU transposed, like `draft_lm_head`, for the few rows a draft multiplies."""
+        lm_head = self.model.get_output_embeddings()
+        rows = lm_head if self.eagle.draft_vocab is None else vocabulary_rows(lm_head, self.eagle.draft_vocab)
+        if self.device.type == "cpu" and isinstance(rows, nn.Linear):
+            return TransposedLinear(rows)
+        return rows
 
     @property
     def gathered_attention(self) -> bool:

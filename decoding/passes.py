@@ -50,9 +50,10 @@ def run_model(
 def prefill(
     lm: LoadedModel, prompt_ids: list[int], cache: DynamicCache, want_hidden: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Run the prompt; return the logits after its last token (V,) and that token's hidden state."""
+    """Run the prompt; return the logits after its last token (V,) and, if wanted, the hidden
+    state at every prompt position (P, H): the last chose the first token; EAGLE reads them all."""
     logits, hidden = run_model(lm, prompt_ids, cache, last_only=True, want_hidden=want_hidden)
-    return logits[-1], None if hidden is None else hidden[-1]
+    return logits[-1], hidden
 
 
 def decode_one_token(lm: LoadedModel, token: int, cache: DynamicCache) -> torch.Tensor:

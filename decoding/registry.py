@@ -29,6 +29,8 @@ class RegistryEntry:
     tree: str = "mc_sim_7b_63"
     # A small model over the same tokenizer, for the draft-model drafter (a hub id), if one is known.
     draft: str | None = None
+    # A published EAGLE-1 draft head for the same base model (a hub id), if one is known.
+    eagle: str | None = None
 
     def fits(self, gpu_memory_gb: float) -> bool:
         """Whether a GPU of this size holds the weights, with a fifth more for the KV cache and activations."""
@@ -40,6 +42,7 @@ MODEL_REGISTRY: dict[str, RegistryEntry] = {
         heads="FasterDecoding/medusa-vicuna-7b-v1.3",
         base="lmsys/vicuna-7b-v1.3",
         layout="v0.1",
+        eagle="yuhuili/EAGLE-Vicuna-7B-v1.3",
         description="Vicuna-7B v1.3 with the paper's 5 Medusa-1 heads (about 14 GB in fp16)",
         weights_gb=14,
         prompt_template=VICUNA_TEMPLATE,
@@ -49,6 +52,7 @@ MODEL_REGISTRY: dict[str, RegistryEntry] = {
         heads="FasterDecoding/medusa-vicuna-13b-v1.3",
         base="lmsys/vicuna-13b-v1.3",
         layout="v0.1",
+        eagle="yuhuili/EAGLE-Vicuna-13B-v1.3",
         description="Vicuna-13B v1.3 with 5 Medusa-1 heads (about 26 GB in fp16)",
         weights_gb=26,
         prompt_template=VICUNA_TEMPLATE,
@@ -58,6 +62,7 @@ MODEL_REGISTRY: dict[str, RegistryEntry] = {
         heads="FasterDecoding/medusa-vicuna-33b-v1.3",
         base="lmsys/vicuna-33b-v1.3",
         layout="v0.1",
+        eagle="yuhuili/EAGLE-Vicuna-33B-v1.3",
         description="Vicuna-33B v1.3 with 5 Medusa-1 heads (about 65 GB in fp16)",
         weights_gb=65,
         prompt_template=VICUNA_TEMPLATE,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from .errors import DecodingError
 
 # "ar" is plain decoding; the others name a drafter (see drafters/).
-METHODS = ("medusa", "ar", "draft-model", "prompt-lookup")
+METHODS = ("medusa", "ar", "eagle", "draft-model", "prompt-lookup")
 ACCEPTANCE_SCHEMES = ("greedy", "typical", "sample")
 # A run longer than this is almost certainly a typo, and would tie up a shared GPU for minutes.
 MAX_NEW_TOKENS_LIMIT = 4096
@@ -17,6 +17,10 @@ MAX_NEW_TOKENS_LIMIT = 4096
 WARM_UP_TOKENS = 8
 # A chain longer than this is verified at a cost no guess rate repays.
 MAX_DRAFT_TOKENS = 64
+# EAGLE's tree: at most this deep, this many guesses per node, this many nodes (the root aside).
+MAX_EAGLE_DEPTH = 16
+MAX_EAGLE_TOP_K = 16
+MAX_EAGLE_NODES = 63
 
 
 @dataclass
@@ -40,6 +44,11 @@ class DecodeSettings:
     draft_top_k: int = 1  # draft-model: guesses per step in the tree (the greedy one, and runners-up as leaves)
     lookup_tokens: int = 10  # prompt-lookup: tokens copied at most each round (transformers' default)
     lookup_ngram: int = 2  # prompt-lookup: the longest n-gram matched (transformers' default)
+    eagle_depth: int = 6  # eagle: levels the draft grows its tree to (EAGLE-2's default)
+    eagle_top_k: int = 8  # eagle: nodes expanded per level, and guesses per expanded node
+    # eagle: guesses verified per round; None: as many as this machine's cost curve says pay
+    # (up to MAX_EAGLE_NODES), chosen each round from the draft's confidence (see dynamic_tree.py).
+    eagle_nodes: int | None = None
     detailed_trace: bool = True
     # Seconds of decoding after which the run stops where it is (stop reason "time_limit"); None:
     # no limit. A shared page sets one so that no run holds the model for everyone else.
@@ -82,6 +91,16 @@ class DecodeSettings:
             if not 1 <= value <= MAX_DRAFT_TOKENS:
                 raise DecodingError(f"{name} must be a whole number from 1 to {MAX_DRAFT_TOKENS}, not {value!r}")
             setattr(self, name, value)
+        for name, limit in (("eagle_depth", MAX_EAGLE_DEPTH), ("eagle_top_k", MAX_EAGLE_TOP_K)):
+            value = _whole_number(name, getattr(self, name))
+            if not 1 <= value <= limit:
+                raise DecodingError(f"{name} must be a whole number from 1 to {limit}, not {value!r}")
+            setattr(self, name, value)
+        if self.eagle_nodes is not None:
+            self.eagle_nodes = _whole_number("eagle_nodes", self.eagle_nodes)
+            if not 1 <= self.eagle_nodes <= MAX_EAGLE_NODES:
+                raise DecodingError(f"eagle_nodes must be a whole number from 1 to {MAX_EAGLE_NODES} "
+                                    f"(or None: as many as pay), not {self.eagle_nodes!r}")
         if self.time_limit is not None:
             self.time_limit = _real_number("time_limit", self.time_limit)
             if not self.time_limit > 0:

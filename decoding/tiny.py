@@ -21,6 +21,7 @@ from transformers import (
     Qwen2Config,
 )
 
+from .eagle import EAGLE_DIR, EagleConfig, EagleHead
 from .heads import HeadsConfig, MedusaHeads
 
 TOKENIZER_TEXT = (
@@ -69,8 +70,9 @@ def tiny_model(arch: str = "llama", vocab_size: int = 320, seed: int = 0, hidden
 
 def make_tiny_model_dir(path: str | Path, arch: str = "llama", num_heads: int = 4,
                         vocab_size: int = 320, seed: int = 0) -> Path:
-    """Write a loadable model directory: config, weights, tokenizer, (untrained) heads, and a
-    draft model in `draft/` (a smaller random Llama over the same vocabulary)."""
+    """Write a loadable model directory: config, weights, tokenizer, (untrained) heads, a draft
+    model in `draft/` (a smaller random Llama over the same vocabulary) and, where the layers
+    take rotary positions, a random EAGLE draft head in `eagle/`."""
     path = Path(path)
     draft = tiny_model("llama", vocab_size, seed + 1, hidden=32, layers=1)
     draft.save_pretrained(path / "draft")
@@ -81,4 +83,7 @@ def make_tiny_model_dir(path: str | Path, arch: str = "llama", num_heads: int = 
     heads = MedusaHeads(HeadsConfig(num_heads, 1, model.config.get_text_config().hidden_size, vocab_size))
     heads.init_from_lm_head(model.get_output_embeddings())
     heads.save(path, extra={"base_model": f"tiny-{arch}", "default_tree": "cpu-12"})
+    if arch != "gpt2":  # GPT-2's blocks take no rotary positions: it has no EAGLE head (see eagle.py)
+        torch.manual_seed(seed + 2)
+        EagleHead(EagleConfig(model.config.hidden_size, vocab_size), model).save(path / EAGLE_DIR)
     return path

@@ -53,6 +53,25 @@ class TreeTrace:
 
 
 @dataclass
+class DraftedTree:
+    """What EAGLE-2's drafting scored in one round, before the rerank cut it to the verified tree.
+
+    Candidate i is the draft's guess `tokens[i]` at depth `depths[i]` below the root, continuing
+    candidate `parents[i]` (-1: the root). `confidences[i]` is the product of the draft's
+    probabilities along its path; `expanded[i]` whether its own children were drafted (only the
+    most confident few of each depth are); `nodes[i]` its node in the verified tree, -1 if cut.
+    """
+
+    parents: list[int]
+    tokens: list[int]
+    texts: list[str]
+    confidences: list[float]
+    depths: list[int]
+    expanded: list[bool]
+    nodes: list[int]
+
+
+@dataclass
 class DrafterInfo:
     """Where a run's guesses came from, and what that costs in memory (see drafters/)."""
 
@@ -149,6 +168,10 @@ class RoundTrace:
     # Recorded even when the token budget cut it from `emitted_tokens`.
     next_token: int | None = None
     next_text: str = ""
+    # The tree this round verified, when the drafter grows a new one every round (EAGLE-2); None
+    # when it is the run's tree (`RunTrace.tree`). And, for EAGLE, every candidate it drafted.
+    tree: TreeTrace | None = None
+    drafted: DraftedTree | None = None
 
     @property
     def accepted_length(self) -> int:
@@ -169,11 +192,19 @@ def _renamed(data: dict[str, Any], renamed: dict[str, str]) -> dict[str, Any]:
     return {renamed.get(key, key): value for key, value in data.items()}
 
 
+def _round_from_dict(data: dict[str, Any]) -> RoundTrace:
+    if data.get("tree") is not None:
+        data["tree"] = TreeTrace(**data["tree"])
+    if data.get("drafted") is not None:
+        data["drafted"] = DraftedTree(**data["drafted"])
+    return RoundTrace(**data)
+
+
 @dataclass
 class RunSettings:
     """What the user asked for; enough to reproduce the run."""
 
-    method: str  # "ar", or the drafter: "medusa", "draft-model" or "prompt-lookup"
+    method: str  # "ar", or the drafter: "medusa", "eagle", "draft-model" or "prompt-lookup"
     max_new_tokens: int
     acceptance: str  # "greedy", "typical" or "sample"
     temperature: float
@@ -187,6 +218,9 @@ class RunSettings:
     draft_top_k: int | None = None
     lookup_tokens: int | None = None
     lookup_ngram: int | None = None
+    eagle_depth: int | None = None
+    eagle_top_k: int | None = None
+    eagle_nodes: int | None = None  # None: chosen each round by the cost curve
 
 
 @dataclass
@@ -252,7 +286,10 @@ class RunTrace:
         return len(self.tokens) / self.total_time if self.total_time > 0 else 0.0
 
     def round_tree(self, round_trace: RoundTrace) -> TreeTrace | None:
-        """The tree a round verified: the run's tree, cut where the round ran out of context."""
+        """The tree a round verified: its own when the drafter grows one per round, else the
+        run's tree, cut where the round ran out of context."""
+        if round_trace.tree is not None:
+            return round_trace.tree
         if self.tree is None or not round_trace.tree_size:
             return self.tree
         return self.tree.first_nodes(round_trace.tree_size)
@@ -284,7 +321,7 @@ class RunTrace:
             fields["drafter"] = DrafterInfo(**fields["drafter"])
         if fields.get("cost_curve") is not None:
             fields["cost_curve"] = CostCurve(**fields["cost_curve"])
-        fields["rounds"] = [RoundTrace(**_renamed(r, RENAMED_ROUND_FIELDS)) for r in fields.get("rounds", [])]
+        fields["rounds"] = [_round_from_dict(_renamed(r, RENAMED_ROUND_FIELDS)) for r in fields.get("rounds", [])]
         return cls(**fields)
 
     @classmethod

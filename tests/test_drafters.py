@@ -206,6 +206,6 @@ def test_draft_model_stops_guessing_past_its_context(tiny_llama):
 def test_available_drafters(tiny_llama):
     from decoding import available_drafters
 
-    assert available_drafters(tiny_llama) == ["medusa", "draft-model", "prompt-lookup"]
-    bare = dataclasses.replace(tiny_llama, heads=None, draft=None, _token_texts={})
+    assert available_drafters(tiny_llama) == ["medusa", "eagle", "draft-model", "prompt-lookup"]
+    bare = dataclasses.replace(tiny_llama, heads=None, draft=None, eagle=None, _token_texts={})
     assert available_drafters(bare) == ["prompt-lookup"]

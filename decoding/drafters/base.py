@@ -5,6 +5,7 @@ guess some tokens ahead, verify all of them in ONE pass of the base model, keep 
 prefix the base model agrees with. They differ only in where the guesses come from:
 
     medusa         extra heads on the base model read its last hidden state   (no extra pass)
+    eagle          one draft layer guesses the next feature, step by step     (small passes, a tree grown each round)
     draft-model    a second, smaller model writes a few tokens ahead          (its own passes, its own cache)
     prompt-lookup  copy what followed the last few tokens earlier in the text (no model at all)
 
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..trace import DrafterInfo
+from ..trace import DraftedTree, DrafterInfo
 from ..tree import Tree, chain_choices
 
 
@@ -40,6 +41,7 @@ class Proposal:
     guess_probs: torch.Tensor | None = None  # (depth, k) float
     copied_from: int | None = None
     draft_passes: int = 0
+    drafted: DraftedTree | None = None  # EAGLE: every candidate drafted, before the rerank
 
 
 def chain_tree(length: int) -> Tree:
@@ -63,20 +65,28 @@ class Drafter(ABC):
 
     name: str
     # The largest tree the drafter proposes; a round may verify a prefix of it (fewer levels).
-    tree: Tree
-    # Whether `propose` reads the base model's last hidden state (the verify pass then keeps it).
+    # None for a drafter that grows a new tree each round (EAGLE-2).
+    tree: Tree | None
+    # Whether the drafter reads the base model's final hidden states (the passes then keep them).
     reads_hidden: bool = False
 
-    def begin(self, prompt_ids: list[int]) -> None:  # noqa: B027 - most drafters keep no state
-        """Called once, after the base model's prefill, with the prompt's tokens."""
+    @property
+    def max_tree_nodes(self) -> int:
+        """The most nodes one round verifies: what the memory check counts."""
+        return self.tree.size
+
+    def begin(self, prompt_ids: list[int], states: torch.Tensor | None) -> None:  # noqa: B027 - most keep no state
+        """Called once, after the base model's prefill, with the prompt's tokens (and, for a
+        drafter that reads them, the prefill's hidden state at every prompt position)."""
 
     @abstractmethod
     def propose(self, root: int, hidden: torch.Tensor | None, max_depth: int, with_probs: bool) -> Proposal:
         """Guesses for the tokens after `root` (the token the base model just chose), at most
         `max_depth` deep; `hidden` is the base model's state that chose the root, when asked for."""
 
-    def advance(self, written: list[int]) -> None:  # noqa: B027 - most drafters keep no state
-        """The round wrote `written`: the root, then the guesses the base model accepted."""
+    def advance(self, written: list[int], states: torch.Tensor | None) -> None:  # noqa: B027 - most keep no state
+        """The round wrote `written`: the root, then the guesses the base model accepted; for a
+        drafter that reads them, `states` are the verify pass's hidden states at those nodes."""
 
     @abstractmethod
     def info(self) -> DrafterInfo:

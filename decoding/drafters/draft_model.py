@@ -46,7 +46,7 @@ class DraftModelDrafter(Drafter):
         self.chain: list[int] = []  # the greedy guesses of the last round: what the cache ran on
         self.cache = new_cache(draft.model.config, for_trees=True)
 
-    def begin(self, prompt_ids: list[int]) -> None:
+    def begin(self, prompt_ids: list[int], states: torch.Tensor | None) -> None:
         self.written = list(prompt_ids)
         self.cache = new_cache(self.draft.model.config, for_trees=True)
         if len(prompt_ids) < self.draft.context_length:
@@ -75,7 +75,7 @@ class DraftModelDrafter(Drafter):
         probs = torch.exp(top_logits - step_logits.logsumexp(dim=-1, keepdim=True)) if with_probs else None
         return Proposal(tree, tokens, guesses=guesses, guess_probs=probs, draft_passes=len(steps))
 
-    def advance(self, written: list[int]) -> None:
+    def advance(self, written: list[int], states: torch.Tensor | None) -> None:
         # The cache ran on the root and the greedy guesses but the last. Its rows are good up to
         # the first guess the base model did not take (a runner-up taken instead is not in it).
         agreed = 0

@@ -42,7 +42,7 @@ class PromptLookupDrafter(Drafter):
         self.tree = chain_tree(length)
         self.written: list[int] = []
 
-    def begin(self, prompt_ids: list[int]) -> None:
+    def begin(self, prompt_ids: list[int], states: torch.Tensor | None) -> None:
         self.written = list(prompt_ids)
 
     def propose(self, root: int, hidden: torch.Tensor | None, max_depth: int, with_probs: bool) -> Proposal:
@@ -54,7 +54,7 @@ class PromptLookupDrafter(Drafter):
         proposal.copied_from = start
         return proposal
 
-    def advance(self, written: list[int]) -> None:
+    def advance(self, written: list[int], states: torch.Tensor | None) -> None:
         self.written += written
 
     def info(self) -> DrafterInfo:

@@ -1,4 +1,4 @@
-"""The training commands: `train-heads`, `train-base`, `corpus` and `self-distill`, their flags.
+"""The training commands: `train-heads`, `train-base`, `corpus`, `self-distill` and `train-eagle`.
 
 `decoding/cli.py` lists every command and imports this module only when one of these is named.
 Each flag's default is read from the settings it fills (`DataSettings`, `FitSettings`,
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from ..errors import DecodingError
-from . import recorded_run
+from . import eagle_run, recorded_run
 from .corpus import CORPUS_HELP, TRAIN_CORPUS_HELP, write_corpus
 from .data import DataSettings
 from .fit import FitSettings
@@ -259,4 +259,5 @@ TRAINING_COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Ca
     "train-base": (add_train_base_arguments, run_train_base),
     "corpus": (add_corpus_arguments, run_corpus),
     "self-distill": (recorded_run.add_distill_arguments, recorded_run.run_distill),
+    "train-eagle": (eagle_run.add_train_eagle_arguments, eagle_run.run_train_eagle),
 }

@@ -1,0 +1,174 @@
+"""The `eagle` drafter: a one-layer draft over the base model's features, growing EAGLE-2's tree.
+
+Each round, starting from the base model's feature that chose the root (see eagle.py):
+
+    catch up:  run the draft layer over the pairs (feature, next token) it has not yet read: the
+               root's, and those of the tokens the last round accepted, with the features the
+               verify pass computed for them. Its output guesses the feature after the root.
+    grow:      depth by depth, turn guessed features into the draft's top-k next tokens; expand
+               only the `beam` most confident nodes of each depth, by feeding each its own
+               guessed feature and token (tree attention over the draft's cache: each node sees
+               the text and its own ancestors)
+    rerank:    keep the most confident nodes, as many as this machine's cost curve says pay
+               (see dynamic_tree.py); that is the tree the base model verifies
+
+Between rounds the draft's cache holds exactly the rows of the text: the guessed rows of the
+tree are cropped as soon as the tree is drafted, and the accepted tokens are read again next
+round with the base model's true features (a guessed feature is only ever a guess).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+from ..cost_curve import model_cost_curve
+from ..dynamic_tree import DYNAMIC_TREE, DraftTree, drafted_trace, rerank, verified_tree
+from ..kv_cache import new_cache
+from ..model import LoadedModel
+from ..settings import MAX_EAGLE_NODES
+from ..trace import DrafterInfo
+from ..tree import Tree
+from .base import Drafter, Proposal
+
+# How much a new measurement of the drafting time moves the running estimate the rerank uses.
+DRAFT_COST_SMOOTHING = 0.3
+
+
+class EagleDrafter(Drafter):
+    name = "eagle"
+    reads_hidden = True
+    tree: Tree | None = None  # a new tree each round
+
+    def __init__(self, lm: LoadedModel, depth: int, top_k: int, max_nodes: int, fixed_size: bool) -> None:
+        self.lm, self.head = lm, lm.eagle
+        self.depth, self.top_k, self.max_nodes = depth, top_k, max_nodes
+        # Without a fixed size the rerank keeps what this machine's cost curve says pays.
+        self.curve = None if fixed_size else model_cost_curve(lm)
+        self.draft_cost = 0.0  # drafting, in one-token steps of the base model: measured as it runs
+        self.embed = lm.model.get_input_embeddings()
+        self.tokens: list[int] = []
+        self.pending = torch.empty(0, lm.eagle.config.hidden_size, device=lm.device, dtype=lm.dtype)
+        self.cache = new_cache(self.head.layer_config)
+
+    @property
+    def max_tree_nodes(self) -> int:
+        return self.max_nodes + 1
+
+    def begin(self, prompt_ids: list[int], states: torch.Tensor | None) -> None:
+        self.tokens = list(prompt_ids)
+        self.pending = states
+        self.cache = new_cache(self.head.layer_config)
+
+    # ----- the draft layer's passes -----
+    def _run(self, features: torch.Tensor, tokens: list[int], positions: torch.Tensor,
+             mask: torch.Tensor) -> torch.Tensor:
+        """The draft layer over `len(tokens)` inputs; returns their guessed next features (T, H)."""
+        ids = torch.tensor(tokens, device=self.lm.device)
+        out = self.head(features[None], self.embed(ids)[None], positions[None], self.cache, mask[None, None])
+        return out[0]
+
+    def _top_guesses(self, features: torch.Tensor) -> tuple[list[list[int]], list[list[float]]]:
+        """The draft's `top_k` next tokens after each guessed feature, with their log-probabilities."""
+        logits = self.lm.eagle_lm_head(features).float()
+        top_logits, top = logits.topk(self.top_k, dim=-1)
+        log_probs = top_logits - logits.logsumexp(dim=-1, keepdim=True)
+        return self.head.token_ids(top).tolist(), log_probs.tolist()
+
+    def _mask(self, visible: torch.Tensor) -> torch.Tensor:
+        """Additive attention mask from a bool (T, kv) table of what each row may see."""
+        blocked = torch.finfo(self.lm.dtype).min
+        return torch.zeros(visible.shape, dtype=self.lm.dtype, device=self.lm.device).masked_fill_(~visible, blocked)
+
+    def _catch_up(self, root: int) -> torch.Tensor:
+        """Read the pairs not yet in the cache (their last token is the root); returns the
+        guessed feature after the root."""
+        start = self.cache.get_seq_length()
+        tokens = self.tokens[start + 1:] + [root]
+        count = len(tokens)
+        visible = torch.ones(count, start + count, dtype=torch.bool, device=self.lm.device).tril(start)
+        positions = torch.arange(start, start + count, device=self.lm.device)
+        out = self._run(self.pending, tokens, positions, self._mask(visible))
+        self.pending = self.pending[:0]
+        return out[-1]
+
+    def _grow(self, root_feature: torch.Tensor, depth: int) -> tuple[DraftTree, int]:
+        """Draft the tree, `depth` levels; returns it and the number of draft-layer passes."""
+        draft = DraftTree()
+        tokens, log_probs = self._top_guesses(root_feature[None])
+        draft.add_children(-1, tokens[0], log_probs[0])
+        # The guessed feature each candidate was chosen from: what it reads when it is expanded.
+        chosen_from = [root_feature] * len(draft)
+        text_length = self.cache.get_seq_length()
+        cache_row: dict[int, int] = {}  # expanded candidate -> its row in the draft's cache
+        passes = 1
+        for level in range(1, depth):
+            frontier = draft.frontier(level, self.top_k)
+            rows = self.cache.get_seq_length()
+            visible = torch.zeros(len(frontier), rows + len(frontier), dtype=torch.bool)
+            visible[:, :text_length] = True
+            for i, candidate in enumerate(frontier):
+                cache_row[candidate] = rows + i
+                ancestor = draft.parents[candidate]
+                while ancestor >= 0:
+                    visible[i, cache_row[ancestor]] = True
+                    ancestor = draft.parents[ancestor]
+                visible[i, rows + i] = True
+            # A depth-d node's input pair sits at position text_length + d - 1 (see eagle.py).
+            positions = torch.full((len(frontier),), text_length + level - 1, device=self.lm.device)
+            features = torch.stack([chosen_from[c] for c in frontier])
+            out = self._run(features, [draft.tokens[c] for c in frontier], positions,
+                            self._mask(visible.to(self.lm.device)))
+            passes += 1
+            tokens, log_probs = self._top_guesses(out)
+            for i, candidate in enumerate(frontier):
+                draft.add_children(candidate, tokens[i], log_probs[i])
+                chosen_from += [out[i]] * len(tokens[i])
+        guessed_rows = self.cache.get_seq_length() - text_length
+        if guessed_rows:
+            self.cache.crop(-guessed_rows)  # they go: next round reads the true features instead
+        return draft, passes
+
+    # ----- the drafter's round -----
+    def propose(self, root: int, hidden: torch.Tensor | None, max_depth: int, with_probs: bool) -> Proposal:
+        started = time.perf_counter()
+        root_feature = self._catch_up(root)
+        depth = min(self.depth, max_depth)
+        if depth < 1:
+            return Proposal(Tree((), name=DYNAMIC_TREE), torch.tensor([root], device=self.lm.device))
+        draft, passes = self._grow(root_feature, depth)
+        kept = rerank(draft, self.curve, self.draft_cost, self.max_nodes)
+        tree, node_tokens, node_of = verified_tree(draft, kept, root)
+        if self.curve is not None:
+            steps = (time.perf_counter() - started) / self.curve.step_seconds
+            self.draft_cost += DRAFT_COST_SMOOTHING * (steps - self.draft_cost)
+        drafted = None
+        if with_probs:
+            drafted = drafted_trace(draft, node_of, [self.lm.token_text(t) for t in draft.tokens])
+        return Proposal(tree, torch.tensor(node_tokens, device=self.lm.device), draft_passes=passes,
+                        drafted=drafted)
+
+    def advance(self, written: list[int], states: torch.Tensor | None) -> None:
+        # The verify pass computed the true feature of the root and of every accepted node: the
+        # pairs (feature, next token) the draft reads next round, the next root completing the last.
+        self.tokens += written
+        self.pending = torch.cat([self.pending, states])
+
+    def info(self) -> DrafterInfo:
+        parameters = list(self.head.parameters())
+        cache_bytes = sum(t.numel() * t.element_size() for layer in self.cache.layers
+                          if layer.is_initialized for t in (layer.keys, layer.values))
+        size = f"up to {self.max_nodes} nodes, as many as pay here" if self.curve is not None \
+            else f"{self.max_nodes} nodes"
+        return DrafterInfo(self.name, f"EAGLE draft layer on {self.lm.name}: {self.depth} levels, "
+                           f"top {self.top_k} each, {size}",
+                           sum(p.numel() for p in parameters),
+                           sum(p.numel() * p.element_size() for p in parameters), cache_bytes)
+
+
+def eagle_drafter(lm: LoadedModel, depth: int, top_k: int, nodes: int | None) -> EagleDrafter:
+    """The EAGLE drafter for `lm`: `nodes` guesses a round, or (None) as many as pay here."""
+    return EagleDrafter(lm, depth, top_k, max_nodes=nodes or MAX_EAGLE_NODES, fixed_size=nodes is not None)
+

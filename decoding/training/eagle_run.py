@@ -1,0 +1,101 @@
+"""The command line of `train-eagle`: an EAGLE draft head from recorded self-distillation.
+
+    python -m decoding train-eagle --model smollm2 --recorded runs/heads/templates runs/heads/self-instruct \\
+        --heldout-shards 2 --validation-shards 1 --out assets/models/smollm2/eagle
+
+The shards are split as `train-heads --recorded` splits them (the last `--heldout-shards` held out,
+the `--validation-shards` before them choose the epoch), so the card can set Medusa's heads and
+EAGLE side by side on the same held-out answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import time
+from pathlib import Path
+
+import torch
+
+from ..atomic import write_atomically
+from ..errors import DecodingError
+from ..heads import vocabulary_rows
+from .distill import concat_answers, load_shard, read_shards
+from .recorded_run import _load_base
+from .train_eagle import (
+    EagleTrainingSettings,
+    Sequence,
+    evaluate_eagle,
+    fit_eagle,
+    new_eagle_head,
+    sequences_from,
+    training_time,
+)
+
+
+def cached_features(base: object, shards: list[Path], out: Path) -> list[Sequence]:
+    """The base model's features over these shards' answers, computed once and kept in `out`
+    (a resumed or repeated run reads them back; they are the same for every setting)."""
+    key = hashlib.sha256("\n".join(str(p.resolve()) for p in shards).encode()).hexdigest()[:16]
+    path = out / f"features-{key}.pt"
+    if path.exists():
+        return [Sequence(**fields) for fields in torch.load(path, weights_only=True)]
+    sequences = sequences_from(base, concat_answers([load_shard(p) for p in shards]))
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, lambda tmp: torch.save([dataclasses.asdict(s) for s in sequences], tmp))
+    return sequences
+
+
+def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = EagleTrainingSettings()
+    parser.add_argument("--model", required=True, help="the base chat model: wheel model name, folder or hub id")
+    parser.add_argument("--recorded", type=Path, nargs="+", required=True, help="self-distill output folders")
+    parser.add_argument("--out", type=Path, required=True, help="folder for eagle_config.json and eagle.safetensors")
+    parser.add_argument("--heldout-shards", type=int, default=2, help="last shards kept out, for the card")
+    parser.add_argument("--validation-shards", type=int, default=1, help="shards before those, to choose the epoch")
+    parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    parser.add_argument("--threads", type=int, default=None)
+    for field in dataclasses.fields(EagleTrainingSettings):
+        parser.add_argument("--" + field.name.replace("_", "-"), type=type(getattr(defaults, field.name)),
+                            default=getattr(defaults, field.name))
+
+
+def run_train_eagle(args: argparse.Namespace) -> int:
+    from .cli import command_line, settings_from
+
+    settings = settings_from(EagleTrainingSettings, args)
+    shards = read_shards(*args.recorded)
+    held, checked = args.heldout_shards, args.validation_shards
+    if held < 1 or checked < 0 or len(shards) < held + checked + 1:
+        raise DecodingError(f"{len(shards)} shards in {', '.join(map(str, args.recorded))}: need at least "
+                            f"{held + checked + 1} for {held} held out, {checked} for validation and one to train on")
+    _, base = _load_base(args.model, args.threads)
+    started = time.time()
+    train_shards, validation_shards, heldout_shards = shards[: -held - checked], shards[-held - checked: -held], shards[-held:]
+    parts = {name: cached_features(base, group, args.out)
+             for name, group in (("train", train_shards), ("validation", validation_shards), ("heldout", heldout_shards))
+             if group}
+    features_seconds = time.time() - started
+    head = new_eagle_head(base, parts["train"], settings)
+    args.out.mkdir(parents=True, exist_ok=True)
+    record, kept = fit_eagle(head, base, parts["train"], parts.get("validation", []), settings, args.out, args.resume)
+    rows = vocabulary_rows(base.get_output_embeddings(), head.draft_vocab)
+    heldout = evaluate_eagle(head, rows, base.get_input_embeddings(), parts["heldout"])
+    count = lambda group: sum(len(s.tokens) - s.answer_start for s in group)  # noqa: E731
+    head.save(args.out, extra={
+        "base_model": args.model,
+        "accuracy": heldout.acceptance,
+        "heldout": dataclasses.asdict(heldout),
+        "training": {"command": command_line("train-eagle", args), "settings": dataclasses.asdict(settings),
+                     "answer_tokens": {name: count(group) for name, group in parts.items()},
+                     "shards": {"train": [str(p) for p in train_shards], "validation": [str(p) for p in validation_shards],
+                                "heldout": [str(p) for p in heldout_shards]},
+                     "features_seconds": round(features_seconds, 1), "training_seconds": round(training_time(record), 1),
+                     "epochs": record, "kept_epoch": kept},
+    })
+    print(f"held out ({heldout.positions} answer positions): top-1 by depth "
+          f"{' '.join(f'{a:.3f}' for a in heldout.top1)}; acceptance given the levels before "
+          f"{' '.join(f'{a:.3f}' for a in heldout.acceptance)}; chain tokens per pass {heldout.chain_tokens_per_pass:.3f}")
+    print(f"saved the EAGLE head to {args.out} (epoch {kept} kept; {training_time(record):.0f} s training)")
+    return 0
