@@ -25,6 +25,7 @@ from tqdm import tqdm
 from transformers import GenerationConfig, PreTrainedModel
 
 from .drafters import make_drafter
+from .dynamic_tree import DYNAMIC_TREE
 from .loops import encode_prompt, generate
 from .model import LoadedModel, padding_id
 from .settings import WARM_UP_TOKENS, DecodeSettings
@@ -179,14 +180,15 @@ def make_lanes(lm: LoadedModel, settings: DecodeSettings, drafters: list[str], t
     """One lane per drafter, Medusa's once per tree; each named by its tree after pruning, and,
     with `compare`, given the library's version of its decoder where there is one."""
     lanes = []
-    for drafter in drafters:
-        for tree in trees if drafter == "medusa" else [settings.tree]:
-            lane_settings = replace(settings, method=drafter, tree=tree)
+    for method in drafters:
+        for tree in trees if method == "medusa" else [settings.tree]:
+            lane_settings = replace(settings, method=method, tree=tree)
             lane_settings.validate()
-            shape = make_drafter(lm, lane_settings).tree
+            drafter = make_drafter(lm, lane_settings)
+            name = DYNAMIC_TREE if drafter.tree is None else drafter.tree.name
             options = library_options(lm, lane_settings) if compare else None
             library = None if options is None else LibraryRuns(options)
-            lanes.append(LaneRuns(lane_settings, shape.name, shape.size, library=library))
+            lanes.append(LaneRuns(lane_settings, name, drafter.max_tree_nodes, library=library))
     return lanes
 
 

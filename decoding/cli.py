@@ -55,6 +55,9 @@ def _add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-model", default=None,
                    help="directory or hub id of a small causal LM over the same tokenizer, for the "
                         "draft-model drafter (default: the one shipped or registered with the model)")
+    p.add_argument("--eagle", default=None,
+                   help="directory or hub id of an EAGLE draft head (the project's layout or a published "
+                        "EAGLE-1 checkpoint), for the eagle drafter (default: the one shipped or registered)")
     p.add_argument("--no-pack", action="store_true",
                    help="multiply by the linear layers' weights as stored, not by copies packed once "
                         "for the CPU's matrix library (to compare; packing is faster on a CPU)")
@@ -76,6 +79,11 @@ def _add_decoding_arguments(p: argparse.ArgumentParser, many_trees: bool = False
                    help="prompt-lookup: tokens copied at most each round")
     p.add_argument("--lookup-ngram", type=int, default=defaults.lookup_ngram,
                    help="prompt-lookup: the longest n-gram matched against the text so far")
+    p.add_argument("--eagle-depth", type=int, default=defaults.eagle_depth, help="eagle: levels the draft tree grows to")
+    p.add_argument("--eagle-top-k", type=int, default=defaults.eagle_top_k,
+                   help="eagle: nodes expanded per level, and guesses per expanded node")
+    p.add_argument("--eagle-nodes", type=int, default=defaults.eagle_nodes,
+                   help="eagle: guesses verified per round (default: as many as this machine's cost curve says pay)")
     p.add_argument("--acceptance", choices=ACCEPTANCE_SCHEMES, default=defaults.acceptance)
     p.add_argument("--temperature", type=float, default=defaults.temperature)
     p.add_argument("--top-p", type=float, default=defaults.top_p)
@@ -92,7 +100,8 @@ def _settings(args: argparse.Namespace, tree: str | list[list[int]]) -> DecodeSe
         epsilon=args.epsilon, delta=args.delta, seed=args.seed, tree=tree,
         num_heads=args.num_heads, draft_tokens=args.draft_tokens,
         draft_top_k=args.draft_top_k, lookup_tokens=args.lookup_tokens,
-        lookup_ngram=args.lookup_ngram,
+        lookup_ngram=args.lookup_ngram, eagle_depth=args.eagle_depth, eagle_top_k=args.eagle_top_k,
+        eagle_nodes=args.eagle_nodes,
     )
     settings.validate()
     return settings
@@ -127,7 +136,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     # Only Medusa needs heads: a model directory without any can still run the other methods.
     lm = load_model(args.model, args.heads, args.device, args.dtype, with_heads=args.method == "medusa",
                     pack_linear=not args.no_pack, draft_model=args.draft_model,
-                    with_draft=args.method == "draft-model", attention=args.attention)
+                    with_draft=args.method == "draft-model", attention=args.attention, eagle=args.eagle,
+                    with_eagle=args.method == "eagle")
     _remeasure(args, lm)
     _warn_past_page_limits(lm, args.prompt, settings)
     trace = generate(lm, args.prompt, settings)
@@ -172,7 +182,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     _set_threads(args)
     lm = load_model(args.model, args.heads, args.device, args.dtype, with_heads="medusa" in args.drafter,
                     pack_linear=not args.no_pack, draft_model=args.draft_model,
-                    with_draft="draft-model" in args.drafter, attention=args.attention)
+                    with_draft="draft-model" in args.drafter, attention=args.attention, eagle=args.eagle,
+                    with_eagle="eagle" in args.drafter)
     _remeasure(args, lm)
     # The speedup counts against the fastest plain decoding here: float32 too, when Medusa runs in
     # another dtype (on a CPU bfloat16 is not always the faster one-token step).

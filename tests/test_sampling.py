@@ -20,6 +20,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from decoding import DecodeSettings, Tree, generate
 from decoding.acceptance import speculative_accept, typical_accept
+from decoding.eagle import EagleConfig, EagleHead
 from decoding.heads import HeadsConfig, MedusaHeads
 from decoding.model import LoadedModel
 
@@ -175,7 +176,9 @@ def word_model() -> LoadedModel:
     # A draft model: another model of the same shape, whose argmax is sometimes the base's.
     draft = LoadedModel(name="words draft", model=LlamaForCausalLM(config).eval(), heads=None, trees={},
                         default_tree="", **common)
-    return LoadedModel(name="words", model=model, heads=heads.eval(), draft=draft,
+    # An EAGLE layer, random: its guesses are right now and then, and its trees differ each round.
+    eagle = EagleHead(EagleConfig(32, len(WORDS)), model).eval()
+    return LoadedModel(name="words", model=model, heads=heads.eval(), draft=draft, eagle=eagle,
                        trees={"full": [[0], [1], [0, 0], [0, 1], [1, 0], [1, 1]]}, default_tree="full", **common)
 
 
@@ -183,7 +186,7 @@ PROMPT = "a b c a b"  # it repeats itself, so prompt lookup has something to cop
 
 
 @pytest.mark.parametrize(("method", "top_k"), [("medusa", 1), ("draft-model", 1), ("draft-model", 3),
-                                               ("prompt-lookup", 1)])
+                                               ("prompt-lookup", 1), ("eagle", 1)])
 def test_speculative_sampling_end_to_end(word_model, method, top_k):
     """Token 1 comes from the prefill, token 2 from a round over the drafter's guesses: whatever
     drafts them, the pair has the base model's distribution."""
@@ -197,7 +200,8 @@ def test_speculative_sampling_end_to_end(word_model, method, top_k):
     guessed = 0
     for seed in range(SAMPLES):
         settings = DecodeSettings(method=method, draft_top_k=top_k, max_new_tokens=2, acceptance="sample",
-                                  temperature=TEMPERATURE, top_p=TOP_P, seed=seed, detailed_trace=False)
+                                  temperature=TEMPERATURE, top_p=TOP_P, seed=seed, detailed_trace=False,
+                                  eagle_nodes=4, eagle_top_k=2)
         trace = generate(word_model, PROMPT, settings)
         pair = tuple(trace.tokens)
         counts[pair] = counts.get(pair, 0) + 1

@@ -20,12 +20,12 @@ import torch
 
 from ..atomic import write_atomically
 from ..errors import DecodingError
-from ..heads import vocabulary_rows
 from .distill import concat_answers, load_shard, read_shards
 from .recorded_run import _load_base
 from .train_eagle import (
     EagleTrainingSettings,
     Sequence,
+    draft_rows,
     evaluate_eagle,
     fit_eagle,
     new_eagle_head,
@@ -80,7 +80,7 @@ def run_train_eagle(args: argparse.Namespace) -> int:
     head = new_eagle_head(base, parts["train"], settings)
     args.out.mkdir(parents=True, exist_ok=True)
     record, kept = fit_eagle(head, base, parts["train"], parts.get("validation", []), settings, args.out, args.resume)
-    rows = vocabulary_rows(base.get_output_embeddings(), head.draft_vocab)
+    rows = draft_rows(head, base)
     heldout = evaluate_eagle(head, rows, base.get_input_embeddings(), parts["heldout"])
     count = lambda group: sum(len(s.tokens) - s.answer_start for s in group)  # noqa: E731
     head.save(args.out, extra={

@@ -256,6 +256,13 @@ def _by_chain_start(table: torch.Tensor, batch: Batch) -> torch.Tensor:
 
 
 # ----- the whole training -----
+def draft_rows(head: EagleHead, base: PreTrainedModel) -> nn.Module:
+    """The frozen lm_head rows the draft guesses among: its draft vocabulary's, or all of them."""
+    lm_head = base.get_output_embeddings()
+    return lm_head if head.draft_vocab is None else vocabulary_rows(lm_head, head.draft_vocab)
+
+
+
 def new_eagle_head(base: PreTrainedModel, train: list[Sequence], settings: EagleTrainingSettings) -> EagleHead:
     """A fresh head over the draft vocabulary of the tokens the training answers hold most."""
     text = base.config.get_text_config(decoder=True)
@@ -272,7 +279,7 @@ def fit_eagle(head: EagleHead, base: PreTrainedModel, train: list[Sequence], val
               resume: bool = False) -> tuple[list[dict], int]:
     """Train `head`; returns the per-epoch record and the epoch kept (best validation)."""
     embedding = base.get_input_embeddings()
-    rows = vocabulary_rows(base.get_output_embeddings(), head.draft_vocab)
+    rows = draft_rows(head, base)
     rng = random.Random(settings.seed)
     steps_per_epoch = len(batches(train, settings.batch_tokens, rng=None))
     optimizer = torch.optim.AdamW(head.parameters(), lr=settings.lr, weight_decay=0.0)

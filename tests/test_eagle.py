@@ -1,0 +1,251 @@
+"""EAGLE: the draft layer, its dynamic tree, its cache kept in step, training it, its checkpoints.
+
+Whatever the draft guesses, greedy EAGLE must write plain decoding's text. To make that test bite,
+the tiny models get an EAGLE head *trained* here on their own greedy text (a second or two), so a
+good share of its guesses are accepted and rejected alike; a random head would be rejected almost
+always, and an identity test over it would prove little.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from safetensors.torch import save_file
+
+from decoding import DecodeSettings, generate, load_model
+from decoding.dynamic_tree import DraftTree, best_size, rerank, verified_tree
+from decoding.eagle import EagleConfig, EagleHead, load_own, load_published
+from decoding.errors import DecodingError
+from decoding.heads import vocabulary_rows
+from decoding.kv_cache import new_cache
+from decoding.tiny import tiny_model
+from decoding.trace import CostCurve
+from decoding.training.train_eagle import EagleTrainingSettings, Sequence, evaluate_eagle, fit_eagle
+from tests.test_lossless import reference_greedy
+
+PROMPTS = ["It is a truth universally", "The quick brown fox jumps", "Medusa heads guess several",
+           "a single man in possession of", "one forward pass checks them all"]
+NEW_TOKENS = 40
+
+
+# ----- a tiny EAGLE head trained on the tiny model's own text -----
+@torch.no_grad()
+def own_text(model, tokenizer, prompts: list[str], length: int) -> list[Sequence]:
+    """The model's greedy continuations of `prompts`, with its features at every position."""
+    out = []
+    for prompt in prompts:
+        prompt_ids = torch.tensor(tokenizer(prompt).input_ids)
+        ids = model.generate(prompt_ids[None], do_sample=False, max_new_tokens=length, min_new_tokens=length)[0]
+        features = model(ids[None], output_hidden_states=True).hidden_states[-1][0].float()
+        out.append(Sequence(ids, features, answer_start=len(prompt_ids)))
+    return out
+
+
+def train_tiny_eagle(model, tokenizer, epochs: int = 60) -> tuple[EagleHead, list[Sequence]]:
+    """A head that has learnt the model's continuations of PROMPTS: a random model's next token
+    follows no pattern a small draft could generalise from, but it can be learnt by heart, and
+    that is all the identity tests need: guesses that are often, not always, right."""
+    text = own_text(model, tokenizer, PROMPTS, NEW_TOKENS + 8)
+    torch.manual_seed(0)
+    head = EagleHead(EagleConfig(model.config.hidden_size, model.config.vocab_size), model)
+    fit_eagle(head, model, text, text, EagleTrainingSettings(epochs=epochs, lr=3e-3, batch_tokens=512,
+                                                            warmup_steps=5, patience=epochs, noise=0.0))
+    return head.eval(), text
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_dirs):
+    """Tiny Llama and Qwen2 models in float32 and bfloat16, each with a trained EAGLE head."""
+    out = {}
+    for arch in ("llama", "qwen2"):
+        base = load_model(tiny_dirs[arch], device="cpu", dtype="float32", with_draft=False, self_test=False)
+        head, _ = train_tiny_eagle(base.model, base.tokenizer)
+        for dtype in ("float32", "bfloat16"):
+            lm = load_model(tiny_dirs[arch], device="cpu", dtype=dtype, with_draft=False, self_test=False)
+            lm.eagle = EagleHead(head.config, lm.model).to(lm.dtype).eval()
+            lm.eagle.load_state_dict(head.state_dict())
+            out[arch, dtype] = lm
+    return out
+
+
+def plain(lm, prompt: str) -> list[int]:
+    return generate(lm, prompt, DecodeSettings(method="ar", max_new_tokens=NEW_TOKENS)).tokens
+
+
+def test_training_teaches_the_draft_what_comes_next(tiny_llama):
+    """Before training the draft's guesses are chance (1/320); after, most are right, at the
+    second level too, where it reads its own guessed feature (the training-time test at work)."""
+    model = tiny_llama.model
+    torch.manual_seed(0)
+    untrained = EagleHead(EagleConfig(model.config.hidden_size, model.config.vocab_size), model).eval()
+    head, text = train_tiny_eagle(model, tiny_llama.tokenizer)
+    rows, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    before = evaluate_eagle(untrained, rows, embedding, text, depth=3)
+    after = evaluate_eagle(head, rows, embedding, text, depth=3)
+    assert before.top1[0] < 0.05
+    assert after.top1[0] > 0.5 and after.acceptance[1] > 0.3 and after.chain_tokens_per_pass > 1.5
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(arch=st.sampled_from(["llama", "qwen2"]), dtype=st.sampled_from(["float32", "bfloat16"]),
+       prompt=st.sampled_from(PROMPTS), depth=st.integers(1, 8), top_k=st.integers(1, 10),
+       nodes=st.one_of(st.none(), st.integers(1, 63)))
+def test_eagle_writes_plain_decodings_text(trained, arch, dtype, prompt, depth, top_k, nodes):
+    lm = trained[arch, dtype]
+    trace = generate(lm, prompt, DecodeSettings(method="eagle", max_new_tokens=NEW_TOKENS, eagle_depth=depth,
+                                                eagle_top_k=top_k, eagle_nodes=nodes))
+    assert trace.tokens == plain(lm, prompt)
+    if dtype == "float32":
+        assert trace.tokens == reference_greedy(lm, prompt, NEW_TOKENS)
+
+
+def test_eagle_guesses_are_accepted_and_rejected(trained):
+    """Not a vacuous identity: rounds accept several guesses, and rounds reject some."""
+    lm = trained["llama", "float32"]
+    rounds = [r for p in PROMPTS for r in generate(lm, p, DecodeSettings(method="eagle", max_new_tokens=NEW_TOKENS,
+                                                                         eagle_nodes=16)).rounds]
+    accepted = [len(r.accepted_nodes) - 1 for r in rounds]
+    assert sum(accepted) / len(rounds) > 1.0
+    assert any(a < 5 for a in accepted)
+
+
+def test_the_widest_tree_has_64_nodes(trained):
+    lm = trained["llama", "bfloat16"]
+    trace = generate(lm, PROMPTS[0], DecodeSettings(method="eagle", max_new_tokens=24, eagle_nodes=63,
+                                                    eagle_depth=6, eagle_top_k=10))
+    assert max(r.tree_size for r in trace.rounds) == 64
+    assert trace.tokens == generate(lm, PROMPTS[0], DecodeSettings(method="ar", max_new_tokens=24)).tokens
+
+
+@torch.no_grad()
+def from_scratch_first_guesses(lm, text: list[int], top_k: int) -> list[int]:
+    """The draft's top guesses after `text`, from a fresh cache over the whole text at once."""
+    features = lm.model(torch.tensor([text[:-1]]), output_hidden_states=True).hidden_states[-1][0]
+    cache = new_cache(lm.eagle.layer_config)
+    count = len(text) - 1
+    mask = torch.zeros(count, count).masked_fill_(~torch.ones(count, count, dtype=torch.bool).tril(), -1e30)
+    out = lm.eagle(features[None], lm.model.get_input_embeddings()(torch.tensor([text[1:]])),
+                   torch.arange(count)[None], cache, mask[None, None])[0, -1]
+    return lm.eagle.token_ids(lm.eagle_lm_head(out).topk(top_k).indices).tolist()
+
+
+def test_the_draft_cache_keeps_in_step_after_rejections(trained):
+    """Each round's first guesses equal a draft run from scratch over the text written so far:
+    the cache dropped the rejected guesses' rows and read the accepted tokens' true features."""
+    lm = trained["llama", "float32"]
+    prompt = PROMPTS[1]
+    trace = generate(lm, prompt, DecodeSettings(method="eagle", max_new_tokens=NEW_TOKENS, eagle_top_k=4))
+    text = lm.tokenizer(prompt).input_ids + [trace.prefill_token]
+    rejected = 0
+    for r in trace.rounds:
+        first = [t for t, d in zip(r.drafted.tokens, r.drafted.depths) if d == 1]
+        assert first == from_scratch_first_guesses(lm, text, 4)
+        rejected += len(r.accepted_nodes) - 1 < max(r.tree.depths)
+        text += r.emitted_tokens
+    assert rejected >= 2
+
+
+# ----- the dynamic tree, by hand -----
+def worked_example() -> DraftTree:
+    """Depth 1: a (0.6), b (0.3). Expanding a: c (0.5), d (0.4) -> confidences 0.30, 0.24."""
+    draft = DraftTree()
+    draft.add_children(-1, [11, 12], [math.log(0.6), math.log(0.3)])
+    assert draft.frontier(1, beam=1) == [0]
+    draft.add_children(0, [13, 14], [math.log(0.5), math.log(0.4)])
+    return draft
+
+
+def test_the_dynamic_tree_by_hand():
+    draft = worked_example()
+    assert draft.expanded == [True, False, False, False]
+    assert [round(math.exp(c), 3) for c in draft.log_confidences] == [0.6, 0.3, 0.3, 0.24]
+    # Without a cost curve, as many as allowed: a (0.6), then b and c tie at 0.3 (b is shallower).
+    assert rerank(draft, None, 0.0, 3) == [0, 1, 2]
+    tree, tokens, node_of = verified_tree(draft, [0, 1, 2], root=10)
+    assert [list(p) for p in tree.paths] == [[0], [1], [0, 0]]
+    assert tokens == [10, 11, 12, 13] and node_of == [1, 2, 3, -1]
+    assert tree.parents == [-1, 0, 0, 1]
+
+
+def test_the_cost_curve_decides_how_many_nodes_pay():
+    flat = CostCurve([1, 2, 4], [1.0, 1.0, 1.0], 0.01, "cpu", "float32", 1, 128, "")
+    steep = CostCurve([1, 2, 4], [1.0, 1.5, 3.0], 0.01, "cpu", "float32", 1, 128, "")
+    confidences = [0.6, 0.3, 0.3, 0.24]
+    assert best_size(confidences, flat, 0.0, 4) == 4  # every guess is free: take them all
+    # Steep: 1 + 0.6 over 1.5 steps (1.07/step) beats the root alone (1.0) and 1.9 / 2.0 (0.95).
+    assert best_size(confidences, steep, 0.0, 4) == 1
+    assert best_size(confidences, steep, 0.0, 0) == 0
+
+
+# ----- settings, refusals and checkpoints -----
+def test_a_model_without_an_eagle_head_is_told_how_to_get_one(tiny_llama):
+    bare = dataclasses.replace(tiny_llama, eagle=None, _token_texts={})
+    with pytest.raises(DecodingError, match="train-eagle"):
+        generate(bare, "abc", DecodeSettings(method="eagle"))
+
+
+@pytest.mark.parametrize(("field", "value"), [("eagle_nodes", 0), ("eagle_nodes", 64), ("eagle_depth", 0),
+                                              ("eagle_top_k", 17), ("eagle_top_k", 2.5)])
+def test_eagle_settings_out_of_range_are_refused(field, value):
+    with pytest.raises(DecodingError, match=field):
+        DecodeSettings(method="eagle", **{field: value}).validate()
+
+
+def test_gpt2_has_no_eagle_head():
+    with pytest.raises(DecodingError, match="rotary"):
+        EagleHead(EagleConfig(64, 320), tiny_model("gpt2"))
+
+
+def _published(tmp_path, model, head: EagleHead, hidden: int | None = None, extra_layer: bool = False):
+    """A checkpoint in the published EAGLE-1 layout: layers.0.* and fc.*, no input norm."""
+    state = {("layers.0." + k.removeprefix("layer.") if k.startswith("layer.") else k): v.clone()
+             for k, v in head.state_dict().items() if not k.startswith("rotary.")}
+    state.pop("layers.0.input_layernorm.weight", None)
+    state["embed_tokens.weight"] = model.get_input_embeddings().weight.clone()
+    if hidden is not None:
+        state["fc.weight"] = torch.zeros(hidden, 2 * hidden)
+    if extra_layer:
+        state["layers.1.mlp.up_proj.weight"] = torch.zeros(1)
+    save_file(state, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": hidden or 64}))
+    return tmp_path
+
+
+def test_a_published_checkpoint_loads_and_guesses_as_it_was_saved(tmp_path):
+    model = tiny_model("llama")
+    torch.manual_seed(1)
+    original = EagleHead(EagleConfig(64, 320, input_norm=False), model).eval()
+    loaded = load_published(_published(tmp_path, model, original), model).eval()
+    assert not loaded.config.input_norm and loaded.config.fc_bias
+    x, e = torch.randn(1, 5, 64), torch.randn(1, 5, 64)
+    positions, mask = torch.arange(5)[None], torch.zeros(1, 1, 5, 5)
+    assert torch.equal(original(x, e, positions, None, mask), loaded(x, e, positions, None, mask))
+
+
+def test_a_published_checkpoint_for_another_model_is_refused(tmp_path):
+    model = tiny_model("llama")
+    head = EagleHead(EagleConfig(64, 320, input_norm=False), model)
+    for name in "abc":
+        (tmp_path / name).mkdir()
+    with pytest.raises(DecodingError, match="another base model"):
+        load_published(_published(tmp_path / "a", model, head, hidden=32), model)
+    with pytest.raises(DecodingError, match="more than one draft layer"):
+        load_published(_published(tmp_path / "b", model, head, extra_layer=True), model)
+    with pytest.raises(DecodingError, match="no EAGLE weights"):
+        load_published(tmp_path / "c", model)
+
+
+def test_the_shipped_layout_round_trips(tmp_path, tiny_llama):
+    rows = vocabulary_rows(tiny_llama.model.get_output_embeddings(), torch.arange(10))
+    assert rows.weight.shape == (10, 64)
+    head = EagleHead(EagleConfig(64, 320, draft_vocab_size=10), tiny_llama.model)
+    head.draft_vocab.copy_(torch.arange(10, 20))
+    head.save(tmp_path, extra={"accuracy": [0.5, 0.25]})
+    loaded, meta = load_own(tmp_path, tiny_llama.model)
+    assert torch.equal(loaded.draft_vocab, torch.arange(10, 20)) and meta["accuracy"] == [0.5, 0.25]
