@@ -10,7 +10,10 @@ While a run streams, the token stream updates every `PUSH_EVERY` seconds but the
 only on the first round, now and then and at the end: redrawing a 64-node tree and its 64x64
 mask for every round would keep the browser busy long after the run ends. "Now and then" is
 every `FIGURES_EVERY` seconds, or less often where drawing the figures takes longer: the run
-waits while they are built, so they may take at most `FIGURES_SHARE` of its time.
+waits while they are built, and on a small CPU the browser drawing them takes the cores the run
+needs (`BROWSER_COST` times as long as building them), so building and drawing together may
+take at most `FIGURES_SHARE` of its time. A 64-node tree on a 2-core CPU is then drawn on the
+first round and at the end; a 5-node tree every 2 s.
 """
 
 from __future__ import annotations
@@ -50,7 +53,11 @@ from .text import Step, render_steps
 
 PUSH_EVERY = 0.25  # seconds between updates of the token stream while a run streams
 FIGURES_EVERY = 2.0  # seconds between redraws of the tree and mask while a run streams, at least
-FIGURES_SHARE = 0.1  # the most of a run's time spent building its figures while it streams
+FIGURES_SHARE = 0.1  # the most of a run's time spent building and drawing its figures while it streams
+# The browser's time to draw a round's tree and mask, in multiples of the server's time to build
+# them: on a 2-core CPU with the 64-node mc_sim_7b_63 tree, 0.8-1.2 s of the page's main thread
+# (Gradio draws each figure twice per update) against 0.18 s to build them.
+BROWSER_COST = 5.0
 DOWNLOADS = Path(tempfile.gettempdir()) / "medusa-playground-downloads"
 KEEP_DOWNLOADS = 32
 
@@ -191,7 +198,7 @@ def _stream_run(page: Page, values: dict) -> Iterator[dict]:
         if first_round or done or (trace.rounds and now >= next_figures):
             update |= round_updates(page, trace, len(trace.rounds) - 1, look)
             drawn = time.perf_counter()
-            next_figures = drawn + max(FIGURES_EVERY, (drawn - now) / FIGURES_SHARE)
+            next_figures = drawn + max(FIGURES_EVERY, (drawn - now) * (1 + BROWSER_COST) / FIGURES_SHARE)
         if update:
             yield update
 

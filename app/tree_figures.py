@@ -4,6 +4,9 @@ Both figures stay light whatever the tree's size, because the browser redraws th
 streams and on every step through the rounds: the tree is one trace per kind of edge and one per
 depth (not one per node), the mask one heatmap whose axis labels thin out as the tree grows.
 Large trees stay readable through their hover (every node, every mask cell) and Plotly's zoom.
+Their axes let tick labels overflow (`ticklabeloverflow="allow"`, the labels sit in the margins
+anyway): Plotly's default for numeric axes measures every label against the page on every draw,
+which on a 2-core CPU was most of the 64-node mask's drawing time.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ TREE_MAX_PX = 700  # a taller tree is squeezed (smaller labels) and read by zoom
 MIN_LABEL_PX = 10  # a guess label any smaller is unreadable at laptop distance
 MASK_MAX_PX = 560
 TREE_MARGIN_PX = 90  # title and column headings
+TICKS_OVERFLOW = "allow"  # no measuring of each tick label against the page on every draw
 SHORT_HEADINGS_PAST = 6  # deeper trees (a long lookup chain) get short column headings: "c7", not "copy 7"
 
 
@@ -136,6 +140,7 @@ def tree_figure(tree: TreeTrace, rnd: RoundTrace, look: Look = LAPTOP) -> go.Fig
         tickvals=list(range(max_depth + 2)),
         ticktext=[_heading(d, max_depth, look, drafter) for d in range(max_depth + 2)],
         range=[-0.25, max_depth + 1.9], showgrid=False, zeroline=False, side="top", fixedrange=False,
+        ticklabeloverflow=TICKS_OVERFLOW,
     )
     # A chain is one row: its own range keeps the row near the top and the star just below it
     # (autorange would stretch the half row between them over the whole figure).
@@ -325,7 +330,7 @@ def mask_figure(tree: TreeTrace, rnd: RoundTrace, look: Look = LAPTOP) -> go.Fig
     ))
     shown = labelled_nodes(n, rnd.accepted_nodes, label_every(tree, look))
     axis = dict(tickmode="array", tickvals=shown, showgrid=False, zeroline=False,
-                tickfont=dict(size=look.font(11)))
+                tickfont=dict(size=look.font(11)), ticklabeloverflow=TICKS_OVERFLOW)
     fig.update_xaxes(**axis, ticktext=[str(node) for node in shown], side="top", constrain="domain")
     fig.update_yaxes(**axis, ticktext=[mask_label(rnd, node, look) for node in shown],
                      autorange="reversed", scaleanchor="x", constrain="domain")

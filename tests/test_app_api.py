@@ -428,3 +428,58 @@ def test_slow_figures_are_redrawn_less_often_while_a_run_streams(tiny_model_dir,
     assert rounds >= 16
     # Every 10 s of this clock (1 s of drawing / FIGURES_SHARE), not every 0.2 s.
     assert drawn[0] == 0 and drawn[-1] == rounds - 1 and len(drawn) <= 2 + rounds * 0.2 / 10 + 1
+
+
+
+def _timed_run(tiny_model_dir, monkeypatch, build_seconds: float, round_seconds: float = 0.15):
+    """A 64-token run on the tiny model whose rounds take `round_seconds` each and whose figures
+    take `build_seconds` to build, on a fake clock: (the updates sent, the rounds drawn, seconds)."""
+    from app import handlers
+
+    clock = [0.0]
+    drawn = []
+    real_stream = handlers.stream
+
+    def slow_stream(*args, **kwargs):
+        for trace in real_stream(*args, **kwargs):
+            clock[0] += round_seconds
+            yield trace
+
+    def figures(page, trace, index, look):
+        drawn.append(index)
+        clock[0] += build_seconds
+        return {page.tree_plot: f"round {index}"}
+
+    monkeypatch.setenv("MEDUSA_PLAYGROUND_MODEL", tiny_model_dir)
+    monkeypatch.setattr(handlers, "time", SimpleNamespace(perf_counter=lambda: clock[0], time=time.time))
+    monkeypatch.setattr(handlers, "stream", slow_stream)
+    monkeypatch.setattr(handlers, "round_updates", figures)
+    page, values = _page_and_values(tiny_model_dir, prompt="It is a truth", max_new_tokens=64)
+    return list(handlers.run_drafter(page, values)), drawn, clock[0]
+
+
+def test_a_big_trees_figures_are_drawn_on_the_first_round_and_the_last_only(tiny_model_dir, monkeypatch):
+    """On a small CPU the browser drawing the figures takes the cores the run needs
+    (handlers.BROWSER_COST): figures that take 0.2 s to build, as a 64-node tree's do on a 2-core
+    CPU, are drawn on the first round and at the end of a run of several seconds, never in
+    between, while the token stream updates at most every PUSH_EVERY seconds and always at the end."""
+    from app import handlers
+
+    updates, drawn, seconds = _timed_run(tiny_model_dir, monkeypatch, build_seconds=0.2)
+    rounds = len(updates[-1]["run_state"].rounds)
+    assert 16 <= rounds and seconds < 0.2 * (1 + handlers.BROWSER_COST) / handlers.FIGURES_SHARE
+    assert drawn == [0, rounds - 1]
+    assert updates[-1]["tree_plot"] == f"round {rounds - 1}" and "stopped" in updates[-1]["summary"]
+    texts = [u for u in updates if "stream_box" in u]
+    assert len(texts) <= seconds / handlers.PUSH_EVERY + 2 and "data-ended" in texts[-1]["stream_box"]
+
+
+def test_a_small_trees_figures_still_follow_the_run(tiny_model_dir, monkeypatch):
+    """Figures that are quick to build are redrawn every FIGURES_EVERY seconds as the run goes,
+    and on the last round."""
+    from app import handlers
+
+    updates, drawn, seconds = _timed_run(tiny_model_dir, monkeypatch, build_seconds=0.005)
+    rounds = len(updates[-1]["run_state"].rounds)
+    assert drawn[0] == 0 and drawn[-1] == rounds - 1 and updates[-1]["tree_plot"] == f"round {rounds - 1}"
+    assert seconds / handlers.FIGURES_EVERY - 1 <= len(drawn) <= seconds / handlers.FIGURES_EVERY + 2

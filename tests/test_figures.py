@@ -196,6 +196,16 @@ def test_a_big_mask_thins_its_labels_and_keeps_a_hover_for_every_cell():
     assert [max(heat.z[n]) for n in range(64)] == [2 if n in rnd.accepted_nodes else 1 for n in range(64)]
 
 
+def test_tick_labels_are_not_measured_against_the_page_on_every_draw():
+    """Plotly's default for numeric axes ("hide past div") measures every tick label on every
+    draw: most of a 64-node mask's drawing time on a 2-core CPU. The labels sit in the margins."""
+    big = make_run(MC_SIM_7B_63, accepted_leaves=[40])
+    rnd = big.rounds[0]
+    mask, tree = mask_figure(big.tree, rnd), tree_figure(big.tree, rnd)
+    assert mask.layout.xaxis.ticklabeloverflow == mask.layout.yaxis.ticklabeloverflow == "allow"
+    assert tree.layout.xaxis.ticklabeloverflow == "allow"
+
+
 def test_labelled_rows_are_never_closer_than_the_step_and_the_root_is_always_labelled():
     shown = labelled_nodes(64, [0, 1, 3, 17, 40], every=6)
     assert shown[0] == 0 and {17, 40} <= set(shown)
