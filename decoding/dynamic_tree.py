@@ -112,8 +112,9 @@ def verified_tree(draft: DraftTree, kept: list[int], root: int) -> tuple[Tree, l
     return tree, tokens, node_of
 
 
-def drafted_trace(draft: DraftTree, node_of: list[int], texts: list[str]) -> DraftedTree:
-    """What the page shows of a round's draft: every candidate, expanded or cut or verified."""
-    return DraftedTree(parents=list(draft.parents), tokens=list(draft.tokens), texts=texts,
+def drafted_trace(draft: DraftTree, node_of: list[int]) -> DraftedTree:
+    """What the page shows of a round's draft: every candidate, expanded or cut or verified (the
+    texts are filled in with the rest of the round's details, outside the drafting's time)."""
+    return DraftedTree(parents=list(draft.parents), tokens=list(draft.tokens), texts=[],
                        confidences=[math.exp(c) for c in draft.log_confidences], depths=list(draft.depths),
                        expanded=list(draft.expanded), nodes=node_of)

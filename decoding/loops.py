@@ -15,6 +15,7 @@ not counted: the clock only runs inside the loop.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 
@@ -261,7 +262,10 @@ def _detail(lm: LoadedModel, drafter: Drafter, round_trace: RoundTrace, proposal
     round_trace.base_argmax_probs = best_p
     round_trace.accepted_nodes = accepted
     if drafter.tree is None:  # a tree grown for this round alone
-        round_trace.tree, round_trace.drafted = tree.to_trace(), proposal.drafted
+        round_trace.tree = tree.to_trace()
+        if proposal.drafted is not None:
+            round_trace.drafted = dataclasses.replace(
+                proposal.drafted, texts=[lm.token_text(t) for t in proposal.drafted.tokens])
 
 
 @torch.inference_mode()

@@ -153,9 +153,9 @@ def test_the_draft_cache_keeps_in_step_after_rejections(trained):
 
 # ----- the dynamic tree, by hand -----
 def worked_example() -> DraftTree:
-    """Depth 1: a (0.6), b (0.3). Expanding a: c (0.5), d (0.4) -> confidences 0.30, 0.24."""
+    """Depth 1: a (0.6), b (0.25). Expanding a: c (0.5), d (0.4) -> confidences 0.30, 0.24."""
     draft = DraftTree()
-    draft.add_children(-1, [11, 12], [math.log(0.6), math.log(0.3)])
+    draft.add_children(-1, [11, 12], [math.log(0.6), math.log(0.25)])
     assert draft.frontier(1, beam=1) == [0]
     draft.add_children(0, [13, 14], [math.log(0.5), math.log(0.4)])
     return draft
@@ -164,10 +164,10 @@ def worked_example() -> DraftTree:
 def test_the_dynamic_tree_by_hand():
     draft = worked_example()
     assert draft.expanded == [True, False, False, False]
-    assert [round(math.exp(c), 3) for c in draft.log_confidences] == [0.6, 0.3, 0.3, 0.24]
-    # Without a cost curve, as many as allowed: a (0.6), then b and c tie at 0.3 (b is shallower).
-    assert rerank(draft, None, 0.0, 3) == [0, 1, 2]
-    tree, tokens, node_of = verified_tree(draft, [0, 1, 2], root=10)
+    assert [round(math.exp(c), 3) for c in draft.log_confidences] == [0.6, 0.25, 0.3, 0.24]
+    # Without a cost curve, as many as allowed, most confident first: a, c (below a), b.
+    assert rerank(draft, None, 0.0, 3) == [0, 2, 1]
+    tree, tokens, node_of = verified_tree(draft, [0, 2, 1], root=10)
     assert [list(p) for p in tree.paths] == [[0], [1], [0, 0]]
     assert tokens == [10, 11, 12, 13] and node_of == [1, 2, 3, -1]
     assert tree.parents == [-1, 0, 0, 1]
@@ -176,9 +176,9 @@ def test_the_dynamic_tree_by_hand():
 def test_the_cost_curve_decides_how_many_nodes_pay():
     flat = CostCurve([1, 2, 4], [1.0, 1.0, 1.0], 0.01, "cpu", "float32", 1, 128, "")
     steep = CostCurve([1, 2, 4], [1.0, 1.5, 3.0], 0.01, "cpu", "float32", 1, 128, "")
-    confidences = [0.6, 0.3, 0.3, 0.24]
+    confidences = [0.6, 0.3, 0.25, 0.24]
     assert best_size(confidences, flat, 0.0, 4) == 4  # every guess is free: take them all
-    # Steep: 1 + 0.6 over 1.5 steps (1.07/step) beats the root alone (1.0) and 1.9 / 2.0 (0.95).
+    # Steep: 1 + 0.6 over 1.5 steps (1.07/step) beats the root alone (1.0) and 1.9 / 2.25 (0.84).
     assert best_size(confidences, steep, 0.0, 4) == 1
     assert best_size(confidences, steep, 0.0, 0) == 0
 

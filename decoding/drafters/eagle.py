@@ -144,9 +144,7 @@ class EagleDrafter(Drafter):
         if self.curve is not None:
             steps = (time.perf_counter() - started) / self.curve.step_seconds
             self.draft_cost += DRAFT_COST_SMOOTHING * (steps - self.draft_cost)
-        drafted = None
-        if with_probs:
-            drafted = drafted_trace(draft, node_of, [self.lm.token_text(t) for t in draft.tokens])
+        drafted = drafted_trace(draft, node_of) if with_probs else None
         return Proposal(tree, torch.tensor(node_tokens, device=self.lm.device), draft_passes=passes,
                         drafted=drafted)
 
