@@ -73,7 +73,7 @@ def dynamic_tree_figure(tree: TreeTrace, rnd: RoundTrace, look: Look = LAPTOP,
     drawn = drawn_draft(tree, rnd, cut_shown)
     pos = tidy_layout(drawn.parents, drawn.depths)
     frame = Frame({node: pos[node] for node in range(drawn.verified)}, leaf_count(drawn.parents),
-                  max(drawn.depths))
+                  max(drawn.depths), {parent for parent in drawn.parents if 0 <= parent < drawn.verified})
     fig = tree_figure(tree, rnd, look, frame)
     label_size = _label_size(frame.rows, tree_height(tree, look, frame.rows), look)
     behind = [trace for trace in (_cut_edges(drawn, pos, look), _cut_nodes(rnd, drawn, pos, look, label_size))
@@ -83,10 +83,11 @@ def dynamic_tree_figure(tree: TreeTrace, rnd: RoundTrace, look: Look = LAPTOP,
     # The cut candidates go first, behind the verified tree; the rings last, over the nodes.
     data = fig.data
     fig.data = data[drawn_before:drawn_before + len(behind)] + data[:drawn_before] + data[-1:]
-    fig.update_layout(title_text=dynamic_title(tree, rnd))
+    fig.update_layout(title_text=short_title(tree, rnd) if look.narrow else dynamic_title(tree, rnd))
     fig.add_annotation(text=dynamic_key(drawn, look), showarrow=False, x=0, y=0, xref="paper", yref="paper",
-                       xanchor="left", yanchor="top", yshift=-4, font=dict(size=look.font(11), color=BASE))
-    fig.update_layout(margin=dict(b=round(30 * look.scale)))
+                       xanchor="left", yanchor="top", yshift=-4, align="left",
+                       font=dict(size=look.font(11), color=BASE))
+    fig.update_layout(margin=dict(b=round(44 * look.scale)))
     return fig
 
 
@@ -97,12 +98,19 @@ def dynamic_title(tree: TreeTrace, rnd: RoundTrace) -> str:
     return f"Round {rnd.index + 1} · {len(rnd.accepted_nodes) - 1} of {kept} accepted · {kept} of {drafted} drafted"
 
 
+def short_title(tree: TreeTrace, rnd: RoundTrace) -> str:
+    """The title on a phone, whose figure has room for about forty characters."""
+    kept = tree.size - 1
+    accepted = f"{len(rnd.accepted_nodes) - 1} of {kept} accepted" if kept else "none kept"
+    return f"Round {rnd.index + 1} · {accepted} · {len(rnd.drafted.parents)} drafted"
+
+
 def dynamic_key(drawn: DrawnDraft, look: Look) -> str:
     """The key under the tree: what faded and ringed nodes are, and what is left out."""
     hidden = f" ({drawn.hidden} more not drawn)" if drawn.hidden else ""
     if look.narrow:
-        return f"faded: cut by the rerank{hidden} · ◯ expanded"
-    return f"faded, dotted: cut by the rerank{hidden} · ◯ expanded: its children drafted · hover: confidence"
+        return f"faded: cut by the rerank{hidden}<br>◯ expanded · tap a node: its confidence"
+    return f"faded, dotted: cut by the rerank{hidden}<br>◯ expanded: its children drafted · hover a node: confidence"
 
 
 def _cut_edges(drawn: DrawnDraft, pos: dict, look: Look) -> go.Scatter | None:

@@ -34,11 +34,13 @@ SHORT_HEADINGS_PAST = 6  # deeper trees (a long lookup chain) get short column h
 @dataclass(frozen=True)
 class Frame:
     """Where a tree's nodes sit when more than its nodes are drawn (EAGLE's candidates that the
-    rerank cut, beside the verified tree): their positions, the rows and the deepest column."""
+    rerank cut, beside the verified tree): their positions, the rows, the deepest column, and the
+    nodes with something drawn after them (the next token's star steps aside from those)."""
 
     pos: dict[int, tuple[float, float]]
     rows: int
     depth: int
+    with_children: set[int]
 
 
 def tree_height(tree: TreeTrace, look: Look = LAPTOP, rows: int | None = None) -> int:
@@ -148,7 +150,8 @@ def tree_figure(tree: TreeTrace, rnd: RoundTrace, look: Look = LAPTOP, frame: Fr
     for depth in range(max(tree.depths) + 1):
         nodes = [n for n in range(tree.size) if tree.depths[n] == depth]
         fig.add_trace(_node_trace(tree, rnd, nodes, pos, accepted, look, label_size, chain))
-    _add_next_token(fig, tree, rnd, pos, look, label_size, max_depth + 1)
+    _add_next_token(fig, tree, rnd, pos, look, label_size, max_depth + 1,
+                    frame.with_children if frame else set(tree.parents))
 
     fig.update_xaxes(
         tickvals=list(range(max_depth + 2)),
@@ -236,13 +239,13 @@ def next_token_hover(rnd: RoundTrace) -> str:
 
 
 def _add_next_token(fig: go.Figure, tree: TreeTrace, rnd: RoundTrace, pos: dict[int, tuple[float, float]],
-                    look: Look, label_size: int, column: int) -> None:
+                    look: Look, label_size: int, column: int, with_children: set[int]) -> None:
     """The star after the last accepted node: the token the round actually wrote there. Where that
     node has children (rejected guesses), the star sits half a row lower, so its dotted line does
     not run through them (on a chain, through every rejected guess)."""
     last = rnd.accepted_nodes[-1]
     x0, y0 = pos[last]
-    star_x, star_y = column, y0 + (0.5 if last in tree.parents else 0.0)
+    star_x, star_y = column, y0 + (0.5 if last in with_children else 0.0)
     fig.add_trace(_edge_trace([((x0, y0), (star_x, star_y))], name="", colour=ACCEPTED, width=2 * look.scale,
                               dash="dot", legend=False))
     fig.add_trace(go.Scatter(

@@ -165,7 +165,7 @@ def stream_view(trace: RunTrace | None, current: int | None = None, ended_at: fl
     clock when the run ended, in seconds since the epoch) lets a browser benchmark time the drawing."""
     if trace is None:
         return stream_html(None)
-    depth = charts.deepest_guess(trace)
+    depth = max(trace.tree.depths) if trace.tree is not None else charts.deepest_guess(trace)
     ended = f' data-ended="{ended_at:.3f}"' if ended_at is not None else ""
     # data-run tells one run's output from the next (same prompt, same text) in browser tests.
     return (f'<div data-run="{id(trace)}"{ended}>{legend_html(trace.settings.method, depth)}'
@@ -240,8 +240,9 @@ def _learn_source(run: RunTrace | None, race: RaceResult | None) -> str:
         return "Press **Run** (and then **Race**): the numbers in these steps come from your own run."
     medusa = walkthrough_run(run, race)
     if medusa is None:
+        told = " Step 7, *After Medusa*, tells this EAGLE run." if run.settings.method == "eagle" else ""
         return (f"Your last run used {lanes.in_sentence(run.settings.method)}; these steps follow Medusa's "
-                "heads. Pick *Medusa heads* and press **Run** (or race with Medusa ticked) to fill them in.")
+                f"heads. Pick *Medusa heads* and press **Run** (or race with Medusa ticked) to fill them in.{told}")
     race_note = "" if race else " Run the **Race** to fill in the timing numbers too."
     prompt = medusa.prompt if len(medusa.prompt) <= 60 else medusa.prompt[:59] + "…"
     source = "your last run" if medusa is run else "the Medusa lane of your last race"
