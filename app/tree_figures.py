@@ -50,8 +50,8 @@ def tree_height(tree: TreeTrace, look: Look = LAPTOP, rows: int | None = None) -
 
 def drafter_of(rnd: RoundTrace) -> str:
     """Who proposed the round's guesses, as the trace records it per node ("base" in a round
-    that verified its root alone: there is no guess to name)."""
-    return rnd.node_sources[-1]
+    that verified its root alone: there is no guess to name, unless EAGLE drafted candidates it cut)."""
+    return "eagle" if rnd.drafted is not None else rnd.node_sources[-1]
 
 
 def head_prob(rnd: RoundTrace, tree: TreeTrace, node: int) -> float | None:

@@ -106,6 +106,8 @@ def test_each_cut_candidate_hangs_under_its_own_parent_below_the_kept_siblings(e
     root_only = drawn_draft(eagle.rounds[1].tree, eagle.rounds[1], cut_shown=3)
     assert root_only.verified == 1 and root_only.candidates == [-1, 0, 1, 2]
     assert root_only.parents == [-1, 0, 0, 1]
+    headings = views.round_view(eagle, 1).tree.layout.xaxis.ticktext  # the cut candidates' columns
+    assert ">step 1<" in headings[1] and ">step 3<" in headings[3]
     assert "(5 more not drawn)" in dynamic_tree_figure(rnd.tree, rnd, cut_shown=1).layout.annotations[0].text
     assert CUT_SHOWN >= 8
 
