@@ -170,8 +170,9 @@ def guessing_figure(accuracy: GuessingAccuracy, medusa: RunTrace | None, eagle: 
                     look: Look = LAPTOP) -> go.Figure:
     """Per depth: how often Medusa's head and EAGLE's step guess right (held-out, measured when
     they were trained), and how often the visitor's runs went one token deeper."""
+    eagle_name = "EAGLE step d (held-out)" if look.narrow else "EAGLE step d, given the steps before (held-out)"
     series = [("Medusa head d, top-1 (held-out)", accuracy.medusa, MEDUSA, ""),
-              ("EAGLE step d, given the steps before (held-out)", accuracy.eagle, EAGLE, ""),
+              (eagle_name, accuracy.eagle, EAGLE, ""),
               ("your Medusa run", eagle_views.depth_rates(medusa) if medusa else None, MEDUSA, "/"),
               ("your EAGLE run", eagle_views.depth_rates(eagle) if eagle else None, EAGLE, "/")]
     series = [s for s in series if s[1]]
@@ -183,7 +184,8 @@ def guessing_figure(accuracy: GuessingAccuracy, medusa: RunTrace | None, eagle: 
                marker=dict(color=colour, pattern_shape=pattern, opacity=1.0 if not pattern else 0.75),
                hovertemplate=f"{name}<br>%{{x}}: %{{y:.0%}}<extra></extra>")
         for name, rates, colour, pattern in series])
-    fig.update_layout(title=dict(text="Guessing d tokens ahead: right how often?", x=0.01), barmode="group",
+    title = "Right how often, d ahead?" if look.narrow else "Guessing d tokens ahead: right how often?"
+    fig.update_layout(title=dict(text=title, x=0.01), barmode="group",
                       legend=dict(orientation="h", yanchor="top", y=-0.18, x=0, xanchor="left"))
     fig.update_yaxes(tickformat=".0%", rangemode="tozero")
     fig = base_layout(fig, height=round(380 * look.scale), look=look, uirevision="guessing")

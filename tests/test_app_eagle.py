@@ -13,6 +13,7 @@ from app import charts, lanes, race_views, views
 from app.drafter_costs import drafter_comparison
 from app.eagle_figures import CUT_SHOWN, drawn_draft, dynamic_tree_figure, guessing_figure
 from app.eagle_views import GuessingAccuracy, after_medusa_values
+from app.figure_style import Look
 from app.models import ModelCache
 from app.race import race
 from app.text import load_steps, render_steps
@@ -153,6 +154,8 @@ def test_the_after_medusa_step_sets_the_measured_accuracies_side_by_side_on_the_
     assert bars["Medusa head d, top-1 (held-out)"] == ACCURACY.medusa
     assert bars["EAGLE step d, given the steps before (held-out)"] == ACCURACY.eagle
     assert bars["your EAGLE run"] == [rate for _, _, rate in charts.acceptance_by_depth(eagle)]
+    phone = views.learn_figures(eagle, race, Look(width=390), ACCURACY)[1]
+    assert phone.layout.title.text == "Right how often, d ahead?" and len(phone.data) == 4
 
 
 def test_before_an_eagle_run_the_step_invites_one_and_says_when_there_are_no_numbers():
