@@ -62,14 +62,22 @@ def accepted_length_counts(trace: RunTrace) -> Counter[int]:
     return Counter(rnd.accepted_length for rnd in trace.rounds)
 
 
+def deepest_guess(trace: RunTrace) -> int:
+    """How deep the run's trees reached: the run's tree, or the deepest of the trees EAGLE grew
+    round by round (0 for plain decoding)."""
+    trees = [trace.round_tree(rnd) for rnd in trace.rounds]
+    return max((max(tree.depths) for tree in trees if tree is not None), default=0)
+
+
 def acceptance_by_depth(trace: RunTrace) -> list[tuple[int, float, float]]:
     """Per depth d (= head d): (d, share of rounds that accepted a depth-d guess,
     share of rounds that reached depth d - 1 and then accepted one at depth d too)."""
-    if trace.tree is None or not trace.rounds:
+    deepest = deepest_guess(trace)
+    if not deepest:
         return []
     reached = [len(rnd.accepted_nodes) - 1 for rnd in trace.rounds]  # guesses accepted per round
     rows = []
-    for depth in range(1, max(trace.tree.depths) + 1):
+    for depth in range(1, deepest + 1):
         got = sum(1 for r in reached if r >= depth)
         tried = sum(1 for r in reached if r >= depth - 1)
         rows.append((depth, got / len(reached), got / tried if tried else 0.0))

@@ -63,6 +63,16 @@ def _medusa(race: RaceResult) -> str:
             f"→ {_speed(race, 'medusa')}.")
 
 
+def _eagle(race: RaceResult) -> str:
+    info, timing = _drafter(race, "eagle"), race.timing("eagle")
+    size = (f"**{count(info.parameters)} parameters** ({megabytes(info.weight_bytes)}) over the big model's own "
+            f"features, with a small KV cache of its own ({megabytes(info.cache_bytes)}); " if info else "")
+    return (f"- **EAGLE's draft layer** (one decoder layer; see *After Medusa*): {size}"
+            f"{draft_passes_per_round(race, 'eagle'):.1f} passes of that one layer a round, costing "
+            f"**{race.draft_cost('eagle'):.2f} plain steps**; {timing.tokens_per_pass:.2f} tokens per pass → "
+            f"{_speed(race, 'eagle')}.")
+
+
 def _lookup(race: RaceResult) -> str:
     timing = race.timing("prompt-lookup")
     return (f"- **Prompt lookup**: no weights at all, it copies earlier text; drafting cost "
@@ -86,7 +96,7 @@ def drafter_comparison(race: RaceResult | None) -> str:
     model, an invitation to run one."""
     if race is None:
         return INVITATION
-    bullets = {"draft-model": _draft_model, "medusa": _medusa, "prompt-lookup": _lookup}
+    bullets = {"draft-model": _draft_model, "medusa": _medusa, "eagle": _eagle, "prompt-lookup": _lookup}
     present = [lane for lane in bullets if lane in race.lanes]
     rows = [] if "draft-model" in present else [INVITATION, ""]
     rows += [f"**On your race** ({md_text(race.shown[present[0]].model)}, {len(race.races)} race(s)), each "

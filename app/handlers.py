@@ -38,6 +38,7 @@ from decoding.settings import DecodeSettings
 from decoding.trace import RunTrace
 
 from . import charts, lanes, race_views, views
+from .eagle_views import GuessingAccuracy
 from .figure_style import Look
 from .inputs import (
     RunRequest,
@@ -267,11 +268,18 @@ def write_json(name: str, data: dict) -> str:
     return str(path)
 
 
+def model_accuracy(run: RunTrace | None, result: RaceResult | None) -> GuessingAccuracy:
+    """What the run's model measured of its drafters (held-out accuracy per depth), if it is loaded."""
+    trace = run or (result.shown[result.focus] if result else None)
+    return GuessingAccuracy.of(cache.loaded_model(trace.model) if trace else None)
+
+
 def after_run(page: Page, values: dict) -> dict:
     """Stats, the explainer's numbers and the downloads, once a run (or race) has finished."""
     run: RunTrace | None = values[page.run_state]
     result: RaceResult | None = values[page.race_state]
     look = page.look(values)
+    accuracy = model_accuracy(run, result)
     run_file = write_json("medusa_trace.json", run.to_dict()) if run else None
     race_file = (write_json("race_traces.json", {
         "lanes": result.lanes, "focus": result.focus,
@@ -281,8 +289,8 @@ def after_run(page: Page, values: dict) -> dict:
         page.stats_md: views.stats_text(run, result),
         **dict(zip(page.stats_plots, views.stats_figures(run, result, look))),
         page.banner_md: views.learn_banner(run, result),
-        **dict(zip(page.step_mds, render_steps(page.steps, run, result))),
-        **dict(zip(page.learn_plots, views.learn_figures(run, result, look))),
+        **dict(zip(page.step_mds, render_steps(page.steps, run, result, accuracy))),
+        **dict(zip(page.learn_plots, views.learn_figures(run, result, look, accuracy))),
         page.run_download: gr.DownloadButton(value=run_file, interactive=run_file is not None),
         page.race_download: gr.DownloadButton(value=race_file, interactive=race_file is not None),
     }
@@ -295,7 +303,7 @@ def redraw(page: Page, values: dict) -> dict:
     return {page.tree_plot: view.tree, page.mask_plot: view.mask,
             page.race_plot: charts.race_figure(result, look=look),
             **dict(zip(page.stats_plots, views.stats_figures(run, result, look))),
-            **dict(zip(page.learn_plots, views.learn_figures(run, result, look)))}
+            **dict(zip(page.learn_plots, views.learn_figures(run, result, look, model_accuracy(run, result))))}
 
 
 # ----------------------------------------------------------------------------- rounds

@@ -156,6 +156,12 @@ class ModelCache:
             dropped = True
         return dropped
 
+    def loaded_model(self, name: str) -> LoadedModel | None:
+        """The model in memory whose `LoadedModel.name` is `name` (as its traces record it), or
+        None; never loads one."""
+        with self._lock:
+            return next((model for model in self._models.values() if model.name == name), None)
+
     def loaded(self) -> list[str]:
         """Names in memory, least recently used first."""
         with self._lock:

@@ -19,6 +19,7 @@ AR = "#64748B"
 MEDUSA = "#4F46E5"
 DRAFT_MODEL = "#C2410C"  # the race's other lanes
 PROMPT_LOOKUP = "#0891B2"
+EAGLE = "#BE185D"
 INK = "#0F172A"  # text
 INK_FADED = "#64748B"  # text of rejected nodes: quieter than INK, still readable on a crowded tree
 INK_FADED_STRONG = "#475569"  # the same on a projector, which washes out pale greys

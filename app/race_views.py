@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 from decoding.stats import Spread, round_cost
 from decoding.trace import RunTrace
 
-from . import charts, lanes
+from . import charts, eagle_views, lanes
 from .figure_style import LAPTOP, Look, message_figure
 from .race import PLAIN, RaceFrame, RaceResult, lane_order
 from .tokens import md_text, stream_html
@@ -61,6 +61,8 @@ def lane_note(lane: str, trace: RunTrace | None) -> str:
     if trace is None:
         return ""
     settings = trace.settings
+    if lane == "eagle":
+        return eagle_views.lane_note(trace)
     return {"medusa": f"tree {settings.tree}", "draft-model": f"{settings.draft_tokens} tokens a round",
             "prompt-lookup": f"copies up to {settings.lookup_tokens} tokens"}.get(lane, "")
 

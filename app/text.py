@@ -21,6 +21,7 @@ from decoding.trace import CostCurve, RunTrace
 
 from .charts import acceptance_by_depth
 from .drafter_costs import drafter_comparison
+from .eagle_views import NO_ACCURACY, GuessingAccuracy, after_medusa_values
 from .models import heads_recipe
 from .race import PLAIN, RaceResult
 from .tokens import md_code, md_text
@@ -204,12 +205,14 @@ def walkthrough_run(run: RunTrace | None, race: RaceResult | None) -> RunTrace |
     return None
 
 
-def explainer_values(run: RunTrace | None, race: RaceResult | None) -> dict[str, str]:
+def explainer_values(run: RunTrace | None, race: RaceResult | None,
+                     accuracy: GuessingAccuracy = NO_ACCURACY) -> dict[str, str]:
     medusa = walkthrough_run(run, race)
     values = run_values(medusa) if medusa is not None and medusa.tree is not None else {}
     if race is not None and "medusa" in race.lanes:
         values |= race_values(race)
     values["drafter_comparison"] = drafter_comparison(race)
+    values |= after_medusa_values(run, race, accuracy)
     tree_nodes = medusa.tree.size if medusa is not None and medusa.tree is not None else None
     if run is None and race is None:
         values |= {"cost_curve": "Press **Run** to see what a pass costs on this machine.", "curve_tree_cost": ""}
@@ -218,7 +221,8 @@ def explainer_values(run: RunTrace | None, race: RaceResult | None) -> dict[str,
     return values
 
 
-def render_steps(steps: list[Step], run: RunTrace | None, race: RaceResult | None) -> list[str]:
-    """Each step's Markdown with the run's numbers in it."""
-    values = explainer_values(run, race)
+def render_steps(steps: list[Step], run: RunTrace | None, race: RaceResult | None,
+                 accuracy: GuessingAccuracy = NO_ACCURACY) -> list[str]:
+    """Each step's Markdown with the run's numbers in it (and the drafters' measured accuracy)."""
+    values = explainer_values(run, race, accuracy)
     return [fill(step.template, values) for step in steps]

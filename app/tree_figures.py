@@ -12,11 +12,13 @@ which on a 2-core CPU was most of the 64-node mask's drawing time.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
 from decoding.trace import RoundTrace, TreeTrace
 
+from . import eagle_views
 from .figure_style import LAPTOP, MASK_SHARE, SIDEBAR_CLOSED_BELOW, SIDEBAR_PX, Look, base_layout, message_figure
 from .lanes import guess_name
 from .palette import ACCEPTED, ALLOWED, BASE, BLOCKED, INK, head_colour
@@ -33,20 +35,34 @@ TICKS_OVERFLOW = "allow"  # no measuring of each tick label against the page on 
 SHORT_HEADINGS_PAST = 6  # deeper trees (a long lookup chain) get short column headings: "c7", not "copy 7"
 
 
-def tree_height(tree: TreeTrace, look: Look = LAPTOP) -> int:
-    rows = max(leaf_count(tree.parents), MIN_ROWS)
+@dataclass(frozen=True)
+class Frame:
+    """Where a tree's nodes sit when more than its nodes are drawn (EAGLE's candidates that the
+    rerank cut, beside the verified tree): their positions, the rows, the deepest column, and the
+    nodes with something drawn after them (the next token's star steps aside from those)."""
+
+    pos: dict[int, tuple[float, float]]
+    rows: int
+    depth: int
+    with_children: set[int]
+
+
+def tree_height(tree: TreeTrace, look: Look = LAPTOP, rows: int | None = None) -> int:
+    rows = max(leaf_count(tree.parents) if rows is None else rows, MIN_ROWS)
     return round(min(TREE_MARGIN_PX + ROW_PX * rows, TREE_MAX_PX) * look.scale)
 
 
 def drafter_of(rnd: RoundTrace) -> str:
     """Who proposed the round's guesses, as the trace records it per node ("base" in a round
-    that verified its root alone: there is no guess to name)."""
-    return rnd.node_sources[-1]
+    that verified its root alone: there is no guess to name, unless EAGLE drafted candidates it cut)."""
+    return "eagle" if rnd.drafted is not None else rnd.node_sources[-1]
 
 
 def head_prob(rnd: RoundTrace, tree: TreeTrace, node: int) -> float | None:
     """The drafter's own probability for the guess at `node`: a head's softmax or the draft
-    model's (None for the root, and for prompt lookup, which copies with no probability)."""
+    model's or EAGLE's draft (None for the root, and for prompt lookup, which copies with no probability)."""
+    if node and rnd.drafted is not None:
+        return eagle_views.node_prob(rnd, node)
     if node == 0 or not rnd.guess_probs:
         return None
     return rnd.guess_probs[tree.heads[node] - 1][tree.ranks[node]]
@@ -81,6 +97,8 @@ def _proposer(tree: TreeTrace, rnd: RoundTrace, node: int, p_head: float | None)
         rank = f" (its choice {tree.ranks[node] + 1} there)" if tree.ranks[node] else ""
         return [f"the draft model's guess, {depth} token(s) after the root{rank}",
                 f"draft model's probability: {p_head:.2f}" if p_head is not None else ""]
+    if drafter == "eagle":
+        return eagle_views.proposer_lines(rnd, node)
     if drafter == "prompt-lookup":
         where = f"position {rnd.copied_from + depth - 1}" if rnd.copied_from is not None else "earlier"
         return [f"copied from {where} of the text (prompt + answer so far)"]
@@ -100,29 +118,31 @@ def _edge_trace(points: list[tuple[tuple[float, float], tuple[float, float]]], *
                       line=dict(color=colour, width=width, dash=dash))
 
 
-def _label_size(tree: TreeTrace, height: int, look: Look) -> int:
+def _label_size(rows: int, height: int, look: Look) -> int:
     """Label font size that fits the rows (at most 12 px at laptop scale, never under MIN_LABEL_PX)."""
-    pitch = (height - TREE_MARGIN_PX * look.scale) / max(leaf_count(tree.parents), 1)
+    pitch = (height - TREE_MARGIN_PX * look.scale) / max(rows, 1)
     return round(max(MIN_LABEL_PX * look.scale, min(12.0 * look.scale, pitch * 0.8)))
 
 
-def tree_figure(tree: TreeTrace, rnd: RoundTrace, look: Look = LAPTOP) -> go.Figure:
+def tree_figure(tree: TreeTrace, rnd: RoundTrace, look: Look = LAPTOP, frame: Frame | None = None) -> go.Figure:
     """The round's candidate tree: depth left to right, accepted path bold, rejected faded.
 
     Colour = the depth of the guess (Medusa's head d guesses depth d; a draft model's or a
     copy's d-th token sits there too); dot size = the drafter's probability, where it has one;
     ★ = the token the round chose after the accepted path (the next root). A chain (a draft
     model's or prompt lookup's guesses) is one row, its labels above and below in turn so that
-    long chains stay readable.
+    long chains stay readable. A `frame` places the nodes where more is drawn around them (see
+    eagle_figures.py).
     """
     if not rnd.node_tokens:
         return message_figure("This run was traced without per-node detail.", look)
-    pos = tidy_layout(tree.parents, tree.depths)
+    pos = frame.pos if frame else tidy_layout(tree.parents, tree.depths)
+    rows = frame.rows if frame else leaf_count(tree.parents)
     accepted = set(rnd.accepted_nodes)
-    max_depth = max(tree.depths)
-    height = tree_height(tree, look)
-    label_size = _label_size(tree, height, look)
-    chain = leaf_count(tree.parents) == 1 and tree.size > 1
+    max_depth = max(tree.depths + ([frame.depth] if frame else []))
+    height = tree_height(tree, look, rows)
+    label_size = _label_size(rows, height, look)
+    chain = rows == 1 and tree.size > 1
     drafter = drafter_of(rnd)
     fig = go.Figure()
 
@@ -131,10 +151,11 @@ def tree_figure(tree: TreeTrace, rnd: RoundTrace, look: Look = LAPTOP) -> go.Fig
     fig.add_trace(_edge_trace(rejected_edges, name="rejected branch (faded)", colour=look.rejected_edge,
                               width=1.2 * look.scale))
     fig.add_trace(_edge_trace(accepted_edges, name="accepted path", colour=ACCEPTED, width=5 * look.scale))
-    for depth in range(max_depth + 1):
+    for depth in range(max(tree.depths) + 1):
         nodes = [n for n in range(tree.size) if tree.depths[n] == depth]
         fig.add_trace(_node_trace(tree, rnd, nodes, pos, accepted, look, label_size, chain))
-    _add_next_token(fig, tree, rnd, pos, look, label_size)
+    _add_next_token(fig, tree, rnd, pos, look, label_size, max_depth + 1,
+                    frame.with_children if frame else set(tree.parents))
 
     fig.update_xaxes(
         tickvals=list(range(max_depth + 2)),
@@ -223,13 +244,13 @@ def next_token_hover(rnd: RoundTrace) -> str:
 
 
 def _add_next_token(fig: go.Figure, tree: TreeTrace, rnd: RoundTrace, pos: dict[int, tuple[float, float]],
-                    look: Look, label_size: int) -> None:
+                    look: Look, label_size: int, column: int, with_children: set[int]) -> None:
     """The star after the last accepted node: the token the round actually wrote there. Where that
     node has children (rejected guesses), the star sits half a row lower, so its dotted line does
     not run through them (on a chain, through every rejected guess)."""
     last = rnd.accepted_nodes[-1]
     x0, y0 = pos[last]
-    star_x, star_y = max(tree.depths) + 1, y0 + (0.5 if last in tree.parents else 0.0)
+    star_x, star_y = column, y0 + (0.5 if last in with_children else 0.0)
     fig.add_trace(_edge_trace([((x0, y0), (star_x, star_y))], name="", colour=ACCEPTED, width=2 * look.scale,
                               dash="dot", legend=False))
     fig.add_trace(go.Scatter(

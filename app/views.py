@@ -17,13 +17,15 @@ from decoding.model import LoadedModel
 from decoding.stats import round_cost, round_end_times, verify_cost
 from decoding.trace import RoundTrace, RunTrace
 
-from . import charts, lanes
+from . import charts, eagle_views, lanes
+from .eagle_figures import guessing_figure, round_tree_figure
+from .eagle_views import NO_ACCURACY, GuessingAccuracy
 from .figure_style import LAPTOP, Look, message_figure
 from .models import describe
 from .race import RaceResult
 from .text import measured_curve, walkthrough_run
 from .tokens import legend_html, md_code, md_text, stream_html
-from .tree_figures import mask_figure, tree_figure
+from .tree_figures import mask_figure
 from .tree_layout import leaf_count
 
 STOP_REASONS = {"max_new_tokens": "reached Max new tokens", "eos": "the model ended its text",
@@ -58,7 +60,8 @@ def run_summary(trace: RunTrace, first_round_after: float | None = None) -> str:
     latency = f" · first round ready {first_round_after:.2f} s after Run" if first_round_after else ""
     tokens = len(trace.tokens)
     draft_passes = sum(rnd.draft_passes for rnd in trace.rounds)
-    own = f" + {draft_passes} passes of the draft model" if draft_passes else ""
+    drafter = "EAGLE's draft layer" if trace.settings.method == "eagle" else "the draft model"
+    own = f" + {draft_passes} passes of {drafter}" if draft_passes else ""
     if finished(trace):
         timing = f"{trace.total_time:.2f} s measured ({trace.tokens_per_second:.0f} tokens/s)"
     else:  # the total is only read at the end: until then, the clock at the last round
@@ -80,6 +83,8 @@ def drafting_text(trace: RunTrace, rnd: RoundTrace) -> str:
     """What the drafter did this round, before the verify pass (nothing to say for Medusa's
     heads, whose guesses the tree shows)."""
     method, guesses = trace.settings.method, rnd.tree_size - 1
+    if method == "eagle":
+        return eagle_views.drafting_text(rnd)
     if method == "draft-model":
         return (f"the draft model wrote {guesses} guess(es) in **{rnd.draft_passes} passes** of its own "
                 f"(**{rnd.time_draft * 1e3:.1f} ms**) · ")
@@ -98,7 +103,7 @@ def round_info(trace: RunTrace, index: int) -> str:
     guessed = sum(rnd.emitted_from_drafter)
     from_base = rnd.accepted_length - guessed
     tokens = " ".join(md_code(t, 14) for t in rnd.emitted_texts)
-    if trace.tree is not None and rnd.tree_size:
+    if trace.round_tree(rnd) is not None and rnd.tree_size:
         accepted = len(rnd.accepted_nodes) - 1
         paths = leaf_count(trace.round_tree(rnd).parents)
         tried = drafting_text(trace, rnd) + (
@@ -135,14 +140,14 @@ def round_view(trace: RunTrace | None, index: int, look: Look = LAPTOP) -> Round
     if trace is None:
         return RoundView("", message_figure("Press Run to see the candidate tree.", look),
                          message_figure("…and here, its attention mask.", look))
-    if trace.tree is None or not trace.rounds:
+    if not trace.rounds or trace.round_tree(trace.rounds[-1]) is None:
         waiting = ("No round ran: the run stopped after the prefill's token."
                    if trace.stop_reason else "The candidate tree appears after the first round.")
         return RoundView("", message_figure(waiting, look), message_figure("…and here, its attention mask.", look))
     index = clamp_round(trace, index)
     rnd = trace.rounds[index]
     tree = trace.round_tree(rnd)
-    return RoundView(round_info(trace, index), tree_figure(tree, rnd, look), mask_figure(tree, rnd, look))
+    return RoundView(round_info(trace, index), round_tree_figure(tree, rnd, look), mask_figure(tree, rnd, look))
 
 
 def clamp_round(trace: RunTrace | None, index: int) -> int:
@@ -160,7 +165,7 @@ def stream_view(trace: RunTrace | None, current: int | None = None, ended_at: fl
     clock when the run ended, in seconds since the epoch) lets a browser benchmark time the drawing."""
     if trace is None:
         return stream_html(None)
-    depth = max(trace.tree.depths) if trace.tree is not None else 0
+    depth = max(trace.tree.depths) if trace.tree is not None else charts.deepest_guess(trace)
     ended = f' data-ended="{ended_at:.3f}"' if ended_at is not None else ""
     # data-run tells one run's output from the next (same prompt, same text) in browser tests.
     return (f'<div data-run="{id(trace)}"{ended}>{legend_html(trace.settings.method, depth)}'
@@ -180,7 +185,7 @@ def stats_text(run: RunTrace | None, race: RaceResult | None) -> str:
     cost, verify = round_cost(ar, lane), verify_cost(ar, lane)
     text += (f"Over the {spread.count} race(s), {lanes.in_sentence(method)} added {lane.tokens_per_pass:.2f} "
              "tokens per pass, "
-             f"but a round (drafting, verifying up to {run.tree.size} nodes, accepting) cost **{cost:.2f}×** "
+             f"but a round (drafting, verifying {_tree_nodes(run)}, accepting) cost **{cost:.2f}×** "
              f"a plain decoding step (both measured), so the speedup is about {lane.tokens_per_pass:.2f} ÷ "
              f"{cost:.2f} ≈ **{lane.tokens_per_pass / cost:.2f}×**, not {lane.tokens_per_pass:.2f}× "
              f"(measured: median **{spread.median:.2f}×**, range {spread.low:.2f}–{spread.high:.2f}×)."
@@ -191,6 +196,13 @@ def stats_text(run: RunTrace | None, race: RaceResult | None) -> str:
                  f"free drafting, the ceiling is {lane.tokens_per_pass:.2f} ÷ {verify:.2f} ≈ "
                  f"**{lane.tokens_per_pass / verify:.2f}×**.")
     return text
+
+
+def _tree_nodes(run: RunTrace) -> str:
+    """The tree a round verified: the run's, or EAGLE's new one each round, on average."""
+    if run.tree is not None:
+        return f"up to {run.tree.size} nodes"
+    return f"{eagle_views.mean_tree_size(run):.1f} nodes on average"
 
 
 def stats_figures(run: RunTrace | None, race: RaceResult | None, look: Look = LAPTOP) -> tuple[go.Figure, ...]:
@@ -210,14 +222,17 @@ def learn_banner(run: RunTrace | None, race: RaceResult | None) -> str:
     return _learn_source(run, race) + SMALL_MODEL_NOTE
 
 
-def learn_figures(run: RunTrace | None, race: RaceResult | None, look: Look = LAPTOP) -> list[go.Figure]:
-    """The walkthrough's own figures, in step order: the measured cost of a T-token pass."""
+def learn_figures(run: RunTrace | None, race: RaceResult | None, look: Look = LAPTOP,
+                  accuracy: GuessingAccuracy = NO_ACCURACY) -> list[go.Figure]:
+    """The walkthrough's own figures, in step order: the measured cost of a T-token pass, then
+    Medusa's heads and EAGLE guessing ahead, side by side (held-out, and on the visitor's runs)."""
+    guessing = guessing_figure(accuracy, eagle_views.medusa_run(run, race), eagle_views.eagle_run(run, race), look)
     if run is None and race is None:
         return [message_figure("Press Run: what a pass over T tokens<br>costs on this machine appears here.",
-                               look, height=260)]
+                               look, height=260), guessing]
     medusa = walkthrough_run(run, race)
     nodes = medusa.tree.size if medusa is not None and medusa.tree is not None else None
-    return [charts.cost_curve_figure(measured_curve(run, race), nodes, look)]
+    return [charts.cost_curve_figure(measured_curve(run, race), nodes, look), guessing]
 
 
 def _learn_source(run: RunTrace | None, race: RaceResult | None) -> str:
@@ -225,8 +240,9 @@ def _learn_source(run: RunTrace | None, race: RaceResult | None) -> str:
         return "Press **Run** (and then **Race**): the numbers in these steps come from your own run."
     medusa = walkthrough_run(run, race)
     if medusa is None:
+        told = " Step 7, *After Medusa*, tells this EAGLE run." if run.settings.method == "eagle" else ""
         return (f"Your last run used {lanes.in_sentence(run.settings.method)}; these steps follow Medusa's "
-                "heads. Pick *Medusa heads* and press **Run** (or race with Medusa ticked) to fill them in.")
+                f"heads. Pick *Medusa heads* and press **Run** (or race with Medusa ticked) to fill them in.{told}")
     race_note = "" if race else " Run the **Race** to fill in the timing numbers too."
     prompt = medusa.prompt if len(medusa.prompt) <= 60 else medusa.prompt[:59] + "…"
     source = "your last run" if medusa is run else "the Medusa lane of your last race"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 
 from app.race import RaceResult
-from decoding.trace import DrafterInfo, RoundTrace, RunSettings, RunTrace, TreeTrace
+from decoding.trace import DraftedTree, DrafterInfo, RoundTrace, RunSettings, RunTrace, TreeTrace
 
 WORDS = [" the", " of", " and", " to", " a", " her", " was", " in", " it", " she", " not", " be",
          ",", ".", "\n", " Elizabeth", " Darcy", " said", " had", " very", " with", " for"]
@@ -148,3 +148,55 @@ def make_race(runs: dict[str, list[RunTrace]], focus: str = "medusa") -> RaceRes
     lanes = ["ar", *[lane for lane in runs if lane != "ar"]]
     count = len(runs["ar"])
     return RaceResult(lanes, focus, [{lane: runs[lane][k] for lane in lanes} for k in range(count)])
+
+
+# A hand-checked EAGLE-2 draft (top 2, 3 deep, the 2 most confident of each depth expanded):
+# (parent candidate, confidence) per candidate, the root's children first. Ranked by confidence
+# (ties: the shallower, then the earlier) the first four are candidates 0, 1, 2, 3.
+EAGLE_DRAFT = [(-1, 0.6), (-1, 0.3), (0, 0.30), (0, 0.15), (1, 0.15), (1, 0.03),
+               (2, 0.15), (2, 0.06), (3, 0.06), (3, 0.015)]
+EAGLE_EXPANDED = [True, True, True, True, False, False, False, False, False, False]
+
+
+def make_eagle_round(index: int, kept: int, accepted_leaf: int, t_start: float, rng: random.Random,
+                     root_token: int) -> RoundTrace:
+    """An EAGLE round over EAGLE_DRAFT whose rerank kept its `kept` most confident candidates
+    (0, 2 or 4): its verified tree, and every candidate drafted with its node there or -1."""
+    choices = {0: [], 2: [[0], [1]], 4: [[0], [1], [0, 0], [0, 1]]}[kept]
+    tree = make_tree(choices, name="dynamic")
+    rnd = make_round(tree, index, path_nodes(tree, accepted_leaf), t_start, rng, root_token)
+    parents = [parent for parent, _ in EAGLE_DRAFT]
+    depths = []
+    for parent in parents:
+        depths.append(1 if parent < 0 else depths[parent] + 1)
+    nodes = [i + 1 if i < kept else -1 for i in range(len(parents))]
+    tokens = [rng.randrange(len(WORDS)) for _ in parents]
+    for candidate, node in enumerate(nodes):
+        if node > 0:
+            tokens[candidate] = rnd.node_tokens[node]
+    rnd.tree = tree
+    rnd.drafted = DraftedTree(parents=parents, tokens=tokens, texts=[WORDS[t] for t in tokens],
+                              confidences=[conf for _, conf in EAGLE_DRAFT], depths=depths,
+                              expanded=list(EAGLE_EXPANDED), nodes=nodes)
+    rnd.node_sources = ["base"] + ["eagle"] * (tree.size - 1)
+    rnd.guesses, rnd.guess_probs, rnd.draft_passes = [], [], 3
+    return rnd
+
+
+def make_eagle_run(rounds: list[tuple[int, int]], seed: int = 0) -> RunTrace:
+    """A finished EAGLE run: round k keeps `rounds[k][0]` candidates and accepts the path to node
+    `rounds[k][1]` of its own tree (the run has no tree of its own: each round grows one)."""
+    rng = random.Random(seed)
+    run_settings = settings("eagle", tree="dynamic")
+    run_settings.eagle_depth, run_settings.eagle_top_k = 3, 2
+    trace = RunTrace(model="hand-made", device="cpu", dtype="float32", settings=run_settings,
+                     prompt="It is a truth", prompt_tokens=[1, 2, 3, 4], tree=None,
+                     drafter=DrafterInfo("eagle", "hand-made EAGLE layer", 45_000, 180_000, 9_000),
+                     prefill_token=0, prefill_text=WORDS[0], time_prefill=0.01)
+    t, root = trace.time_prefill, 0
+    for k, (kept, leaf) in enumerate(rounds):
+        rnd = make_eagle_round(k, kept, leaf, t, rng, root)
+        trace.rounds.append(rnd)
+        t, root = rnd.t_end, rnd.emitted_tokens[-1]
+    trace.stop_reason, trace.total_time = "max_new_tokens", t
+    return trace

@@ -87,7 +87,7 @@ def test_trace_endpoint_runs_each_drafter_the_model_offers(client, method):
 
 
 @pytest.mark.parametrize("method, lengths, message", [
-    ("nonsense", (4, 10), "offers no drafter 'nonsense': choose one of ar, medusa, draft-model, prompt-lookup"),
+    ("nonsense", (4, 10), "offers no drafter 'nonsense': choose one of ar, medusa, eagle, draft-model, prompt-lookup"),
     ("draft-model", (0, 10), "draft_tokens must be a whole number from 1 to 64"),
     ("prompt-lookup", (4, 65), "lookup_tokens must be a whole number from 1 to 64"),
     ("prompt-lookup", (4, 2.5), "lookup_tokens must be a whole number, not 2.5"),
@@ -173,7 +173,8 @@ def test_bad_settings_raise_a_readable_error(model, tree_text, overrides, messag
 
 def test_only_the_drafters_a_model_has_are_accepted(model):
     without_draft = dataclasses.replace(model, draft=None)
-    with pytest.raises(DecodingError, match="offers no drafter 'draft-model': choose one of ar, medusa, prompt-lookup"):
+    with pytest.raises(DecodingError,
+                       match="offers no drafter 'draft-model': choose one of ar, medusa, eagle, prompt-lookup"):
         decode_settings(without_draft, RunRequest(prompt="It is", model=model.name, method="draft-model"))
     with pytest.raises(DecodingError, match="offers no drafter 'draft-model'"):
         race_lanes(without_draft, RunRequest(prompt="It is", model=model.name, lanes=("medusa", "draft-model")))
@@ -196,9 +197,9 @@ def test_a_half_edited_tree_blocks_medusa_but_not_the_other_drafters(model):
 def test_switching_models_offers_the_new_models_drafters(client, tiny_model_dir):
     *_, method, lanes = switch_model(tiny_model_dir, tiny_model_dir, "draft-model")
     assert method.value == "draft-model" and [name for _, name in method.choices] == [
-        "medusa", "draft-model", "prompt-lookup"]
+        "medusa", "eagle", "draft-model", "prompt-lookup"]
     # Every drafter is offered; Medusa alone is ticked, so a first race is short (the rest on request).
-    assert [name for _, name in lanes.choices] == ["medusa", "draft-model", "prompt-lookup"]
+    assert [name for _, name in lanes.choices] == ["medusa", "eagle", "draft-model", "prompt-lookup"]
     assert lanes.value == ["medusa"]
 
 

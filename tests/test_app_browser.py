@@ -27,6 +27,7 @@ from scripts.screenshots import (
     browser_page,
     open_app,
     open_tab,
+    pick_drafter,
     run_prompt,
     run_race,
     running_app,
@@ -214,6 +215,41 @@ def test_races_run_a_lane_per_drafter_report_their_speedups_and_link_to_stats(pa
     walk_to_step(page, 5)  # from step 2: to step 6
     speedup_step = page.locator("#learn-step-6").inner_text()
     assert "passes produced" in speedup_step and "—" not in speedup_step
+
+
+def test_eagle_runs_as_a_drafter_and_a_race_lane_and_learn_tells_its_run(page, shots):
+    """The tiny model ships a random EAGLE head: its rounds draw their own tree, it races in a lane of
+    its own, and the Learn step "after Medusa" is told on that run."""
+    tokens = page.locator("#max-new-tokens input[type=number]")
+    tokens.fill("16")  # EAGLE drafts hundreds of candidates a round: a short run keeps the test short
+    tokens.press("Enter")
+    pick_drafter(page, "EAGLE")
+    run_prompt(page, "It is a truth universally acknowledged", timeout_ms=180_000)
+    assert "(EAGLE)" in page.locator("#round-info").inner_text()
+    assert "passes of its draft layer" in page.locator("#round-info").inner_text()
+    assert "drafted" in plot_title(page, "tree-plot")
+    assert "step 1" in page.locator("#tree-plot .xtick").all_text_contents()
+    assert "cut by the rerank" in page.locator("#tree-plot .annotation").first.text_content()
+    assert plot_traces(page, "mask-plot") == 1
+    open_tab(page, "Race")
+    page.locator("#race-lanes-picker").get_by_label("EAGLE").check()  # beside Medusa, ticked at first
+    verdict = run_race(page, races=1, timeout_ms=300_000)
+    lanes = page.locator("#race-panes .lane")
+    assert [lanes.nth(i).get_attribute("data-lane") for i in range(lanes.count())] == ["ar", "medusa", "eagle"]
+    assert "dynamic tree" in lanes.nth(2).inner_text() and plot_traces(page, "race-plot") == 3
+    assert verdict.startswith("EAGLE:")  # the Playground's drafter is the race's focus
+    rows = page.locator("#race-summary table tbody tr")
+    assert rows.nth(2).locator("td").nth(0).inner_text() == "EAGLE"
+    shoot(page, shots / "race-eagle.png", full_page=False)
+    open_tab(page, "Learn")
+    walk_to_step(page, 7)
+    step = page.locator("#learn-step-7")
+    step.wait_for(state="visible", timeout=10_000)
+    text = step.inner_text()
+    assert text.startswith("After Medusa") and "DeepSeek-V3" in text
+    assert "In your run" in text and "In the race, EAGLE:" in text
+    assert plot_traces(page, "learn-guessing") >= 1
+    shoot(page, shots / "learn-after-medusa.png")
 
 
 def test_unticking_every_lane_is_explained_and_the_race_still_runs_after(page):

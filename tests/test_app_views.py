@@ -124,7 +124,7 @@ def test_stats_page_names_the_round_cost_verify_cost_and_the_ceiling(run):
 
 def test_explainer_steps_load_with_labels_and_the_view_they_point_at():
     steps = load_steps()
-    assert len(steps) == 7
+    assert len(steps) == 8
     assert all(step.label and len(step.label) <= 14 for step in steps)
     assert {step.shows for step in steps} <= {"race", "stream", "tree", "mask", "stats", "none"}
     assert all(step.template.startswith(f"### {step.title}") for step in steps)
@@ -255,7 +255,7 @@ def test_without_a_measured_curve_learn_says_so_and_draws_no_numbers(run):
     run.cost_curve = None
     first = render_steps(load_steps(), run, None)[0]
     assert "did not time passes of different sizes" in first and MISSING not in first.split("**In your run")[0]
-    (figure,) = views.learn_figures(run, None)
+    figure, _ = views.learn_figures(run, None)
     assert "Not measured" in figure.layout.annotations[0].text
     assert "Press **Run** to see what a pass costs" in render_steps(load_steps(), None, None)[0]
     assert "Press Run" in views.learn_figures(None, None)[0].layout.annotations[0].text
@@ -263,7 +263,7 @@ def test_without_a_measured_curve_learn_says_so_and_draws_no_numbers(run):
 
 def test_the_cost_curve_figure_draws_the_measurement_between_free_and_one_step_a_token(run):
     run.cost_curve = _curve([1.0, 0.93, 1.31, 2.47])
-    (figure,) = views.learn_figures(run, None)
+    figure, _ = views.learn_figures(run, None)
     measured = next(trace for trace in figure.data if trace.name.startswith("measured"))
     assert list(measured.x) == [1, 4, 16, 64] and list(measured.y) == [1.0, 0.93, 1.31, 2.47]
     mark = next(trace for trace in figure.data if trace.name.startswith("your tree"))

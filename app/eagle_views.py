@@ -1,0 +1,222 @@
+"""EAGLE on the page, in words: what its draft did each round, and the Learn step "after Medusa".
+Plain values from traces, and from the two describing fields of a loaded model (its heads' and
+its EAGLE head's measured accuracy: `GuessingAccuracy.of`). No Gradio here.
+
+EAGLE grows a new tree every round (EAGLE-2's dynamic tree): its draft layer guesses one step at
+a time, expands only the most confident candidates of each depth, and the rerank keeps the most
+confident of everything it drafted as the tree to verify. A round's trace holds that verified tree
+(`RoundTrace.tree`) and every candidate drafted (`RoundTrace.drafted`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from decoding.drafters import available_drafters
+from decoding.model import LoadedModel
+from decoding.stats import verify_cost
+from decoding.trace import RoundTrace, RunTrace
+
+from .charts import acceptance_by_depth
+from .race import PLAIN, RaceResult
+from .tokens import md_text
+
+EAGLE = "eagle"
+
+
+# ----------------------------------------------------------------------------- one round
+
+def candidate_of(rnd: RoundTrace) -> dict[int, int]:
+    """Each verified node's candidate in the round's draft (node -> index in `rnd.drafted`)."""
+    if rnd.drafted is None:
+        return {}
+    return {node: i for i, node in enumerate(rnd.drafted.nodes) if node >= 0}
+
+
+def step_prob(rnd: RoundTrace, candidate: int) -> float:
+    """The draft's own probability of a candidate given its parent: its confidence over its
+    parent's (a confidence is the product of these along the path)."""
+    drafted = rnd.drafted
+    parent = drafted.parents[candidate]
+    above = drafted.confidences[parent] if parent >= 0 else 1.0
+    return drafted.confidences[candidate] / above if above > 0 else 0.0
+
+
+def node_prob(rnd: RoundTrace, node: int) -> float | None:
+    """The draft's probability of verified node `node` given its parent (None where not drafted)."""
+    candidate = candidate_of(rnd).get(node)
+    return None if candidate is None else step_prob(rnd, candidate)
+
+
+def kept_count(rnd: RoundTrace) -> int:
+    return sum(1 for node in rnd.drafted.nodes if node >= 0) if rnd.drafted else 0
+
+
+def confidence_lines(rnd: RoundTrace, candidate: int) -> list[str]:
+    """A candidate's hover: how sure the draft was, and whether its children were drafted."""
+    drafted = rnd.drafted
+    expanded = ("expanded: among the most confident of its depth, so the draft guessed its children"
+                if drafted.expanded[candidate] else "not expanded: the draft guessed no children after it")
+    return [f"EAGLE's step-{drafted.depths[candidate]} guess, {drafted.depths[candidate]} token(s) after the root",
+            f"draft's probability of it: {step_prob(rnd, candidate):.2f} · "
+            f"confidence (product along its path): {drafted.confidences[candidate]:.3f}",
+            expanded]
+
+
+def proposer_lines(rnd: RoundTrace, node: int) -> list[str]:
+    """Who proposed a verified node of an EAGLE round, and how sure the draft was."""
+    candidate = candidate_of(rnd).get(node)
+    if candidate is None:
+        return ["EAGLE's guess"]
+    rank = sorted(rnd.drafted.confidences, reverse=True).index(rnd.drafted.confidences[candidate]) + 1
+    return [*confidence_lines(rnd, candidate),
+            f"kept by the rerank: the {_ordinal(rank)} most confident of {len(rnd.drafted.parents)} drafted"]
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def drafting_text(rnd: RoundTrace) -> str:
+    """What EAGLE's draft did this round, for the round's numbers."""
+    drafted = rnd.drafted
+    if drafted is None:
+        return ""
+    expanded, kept = sum(drafted.expanded), kept_count(rnd)
+    keep = (f"kept the **{kept} most confident**" if kept else
+            "kept **none**: by this machine's cost curve no guess was sure enough to pay for its place")
+    return (f"EAGLE drafted **{len(drafted.parents)} candidates** in **{rnd.draft_passes} passes** of its draft "
+            f"layer (**{rnd.time_draft * 1e3:.1f} ms**), expanding the {expanded} most confident, and {keep} · ")
+
+
+def lane_note(trace: RunTrace) -> str:
+    """The EAGLE lane's settings in a few words: its tree's depth and mean size, as run."""
+    settings, rounds = trace.settings, [rnd for rnd in trace.rounds if rnd.tree_size]
+    size = f", {sum(r.tree_size for r in rounds) / len(rounds):.0f} nodes a round" if rounds else ""
+    return f"dynamic tree, {settings.eagle_depth} deep{size}"
+
+
+def mean_tree_size(trace: RunTrace) -> float:
+    rounds = [rnd for rnd in trace.rounds if rnd.tree_size]
+    return sum(r.tree_size for r in rounds) / len(rounds) if rounds else 0.0
+
+
+# ----------------------------------------------------------------------------- Learn: after Medusa
+
+@dataclass(frozen=True)
+class GuessingAccuracy:
+    """What a model's drafters are measured to guess right, per depth, on held-out answers.
+
+    `medusa[d]`: head d + 1's top-1 guess right (whatever the heads before it guessed);
+    `eagle[d]`: EAGLE's guess at depth d + 1 right, given its guesses before it were right.
+    Either is None where the model ships no such measurement. `offers_eagle`: whether the model
+    can run EAGLE at all (None: not known)."""
+
+    medusa: list[float] | None = None
+    eagle: list[float] | None = None
+    offers_eagle: bool | None = None
+
+    @classmethod
+    def of(cls, model: LoadedModel | None) -> GuessingAccuracy:
+        """Read from a loaded model's describing fields (never from its heads themselves)."""
+        if model is None:
+            return cls()
+        heads = model.head_accuracy
+        return cls([row[0] for row in heads] if heads else None, list(model.eagle_accuracy or []) or None,
+                   EAGLE in available_drafters(model))
+
+
+NO_ACCURACY = GuessingAccuracy()
+
+
+def eagle_run(run: RunTrace | None, race: RaceResult | None) -> RunTrace | None:
+    """The EAGLE run the step tells: the last run if it was EAGLE's, else the race's EAGLE lane."""
+    if run is not None and run.settings.method == EAGLE:
+        return run
+    if race is not None and EAGLE in race.lanes:
+        return race.shown[EAGLE]
+    return None
+
+
+def medusa_run(run: RunTrace | None, race: RaceResult | None) -> RunTrace | None:
+    if race is not None and "medusa" in race.lanes:
+        return race.shown["medusa"]
+    return run if run is not None and run.settings.method == "medusa" else None
+
+
+def depth_rates(trace: RunTrace | None) -> list[float]:
+    """Per depth, the share of rounds whose accepted path reached depth d - 1 and went on to d."""
+    return [reached for _, _, reached in acceptance_by_depth(trace)] if trace is not None else []
+
+
+def _rates(rates: list[float] | None, depths: int) -> list[str]:
+    rates = rates or []
+    return [f"{rates[d]:.0%}" if d < len(rates) else "—" for d in range(depths)]
+
+
+def accuracy_table(accuracy: GuessingAccuracy, medusa: RunTrace | None, eagle: RunTrace | None) -> str:
+    """Per depth, side by side: held-out accuracy of Medusa's head and of EAGLE's step, then how
+    often each lane of the visitor's run went one token deeper (columns without data left out)."""
+    columns = [("Medusa head *d* (held-out)", accuracy.medusa), ("EAGLE step *d* (held-out)", accuracy.eagle),
+               ("your Medusa run", depth_rates(medusa) if medusa else None),
+               ("your EAGLE run", depth_rates(eagle) if eagle else None)]
+    columns = [(name, rates) for name, rates in columns if rates]
+    if not columns:
+        return ""
+    depths = max(len(rates) for _, rates in columns)
+    rows = ["| *d* | " + " | ".join(name for name, _ in columns) + " |",
+            "|--:|" + "--:|" * len(columns)]
+    cells = [_rates(rates, depths) for _, rates in columns]
+    rows += [f"| {d + 1} | " + " | ".join(column[d] for column in cells) + " |" for d in range(depths)]
+    return "\n".join(rows)
+
+
+INVITATION = ("*Pick **EAGLE** as the drafter and press **Run** (or tick the EAGLE lane and **Race**): this step "
+              "then tells your own run, beside Medusa's heads.*")
+NO_EAGLE = ("*This model ships no EAGLE draft head, so there is no EAGLE run to tell here; "
+            "`python -m decoding train-eagle` trains one.*")
+
+
+def _lane_sentence(race: RaceResult | None, lane: str) -> str:
+    if race is None or lane not in race.lanes:
+        return ""
+    timing, plain, spread = race.timing(lane), race.timing(PLAIN), race.spread(lane)
+    verify = verify_cost(plain, timing)
+    return (f"{timing.tokens_per_pass:.2f} tokens per pass, a verify pass of {verify:.2f} plain steps and "
+            f"drafting of {race.draft_cost(lane):.2f} a round: **{spread.median:.2f}×** plain decoding")
+
+
+def _run_sentence(eagle: RunTrace, medusa: RunTrace | None) -> str:
+    """The visitor's EAGLE run in a sentence, with Medusa's tokens per pass beside it."""
+    deepest = max((len(rnd.accepted_nodes) - 1 for rnd in eagle.rounds), default=0)
+    nodes = eagle.settings.eagle_nodes
+    sized = "the cost curve chose how many" if nodes is None else f"at most {nodes} guesses, as set"
+    reach = f"accepted up to {deepest} guess{'es' if deepest > 1 else ''} in a round" if deepest \
+        else "accepted none of its guesses"
+    beside = ""
+    if medusa is not None:
+        where = "the same prompt" if medusa.prompt == eagle.prompt else "its own run"
+        beside = f"; Medusa's heads added {medusa.mean_accepted:.2f} on {where}"
+    return (f"**In your run** ({md_text(eagle.model)}): EAGLE grew a new tree every round, "
+            f"**{mean_tree_size(eagle):.1f} nodes** on average ({sized}), added "
+            f"**{eagle.mean_accepted:.2f} tokens per pass** and {reach}{beside}.")
+
+
+def after_medusa_values(run: RunTrace | None, race: RaceResult | None,
+                        accuracy: GuessingAccuracy = NO_ACCURACY) -> dict[str, str]:
+    """The "after Medusa" step's numbers: the measured accuracies side by side, and the
+    visitor's EAGLE run (or race lane) beside Medusa's, where there is one."""
+    eagle, medusa = eagle_run(run, race), medusa_run(run, race)
+    table = accuracy_table(accuracy, medusa, eagle)
+    said = []
+    if eagle is None:
+        said.append(NO_EAGLE if accuracy.offers_eagle is False else INVITATION)
+    else:
+        said.append(_run_sentence(eagle, medusa))
+        lanes = [(name, _lane_sentence(race, lane)) for name, lane in (("EAGLE", EAGLE), ("Medusa", "medusa"))]
+        measured = [f"{name}: {sentence}" for name, sentence in lanes if sentence]
+        if measured:
+            said.append("In the race, " + "; ".join(measured) + ".")
+    return {"after_medusa_table": table or "*No measured accuracy ships with this model's drafters.*",
+            "after_medusa_run": " ".join(said)}
