@@ -8,7 +8,8 @@ Each round, starting from the base model's feature that chose the root (see eagl
     grow:      depth by depth, turn guessed features into the draft's top-k next tokens; expand
                only the `beam` most confident nodes of each depth, by feeding each its own
                guessed feature and token (tree attention over the draft's cache: each node sees
-               the text and its own ancestors)
+               the text and its own ancestors); stop where no guess is confident enough to pay
+               for drafting another level here
     rerank:    keep the most confident nodes, as many as this machine's cost curve says pay
                (see dynamic_tree.py); that is the tree the base model verifies
 
@@ -19,6 +20,7 @@ round with the base model's true features (a guessed feature is only ever a gues
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -48,6 +50,7 @@ class EagleDrafter(Drafter):
         # Without a fixed size the rerank keeps what this machine's cost curve says pays.
         self.curve = None if fixed_size else model_cost_curve(lm)
         self.draft_cost = 0.0  # drafting, in one-token steps of the base model: measured as it runs
+        self.level_cost = 0.0  # drafting one more level, in the same steps
         self.embed = lm.model.get_input_embeddings()
         self.tokens: list[int] = []
         self.pending = torch.empty(0, lm.eagle.config.hidden_size, device=lm.device, dtype=lm.dtype)
@@ -105,6 +108,9 @@ class EagleDrafter(Drafter):
         cache_row: dict[int, int] = {}  # expanded candidate -> its row in the draft's cache
         passes = 1
         for level in range(1, depth):
+            if not self._worth_another_level(draft, level):
+                break
+            level_started = time.perf_counter()
             frontier = draft.frontier(level, self.top_k)
             rows = self.cache.get_seq_length()
             visible = torch.zeros(len(frontier), rows + len(frontier), dtype=torch.bool)
@@ -126,10 +132,22 @@ class EagleDrafter(Drafter):
             for i, candidate in enumerate(frontier):
                 draft.add_children(candidate, tokens[i], log_probs[i])
                 chosen_from += [out[i]] * len(tokens[i])
+            if self.curve is not None:
+                steps = (time.perf_counter() - level_started) / self.curve.step_seconds
+                self.level_cost += DRAFT_COST_SMOOTHING * (steps - self.level_cost)
         guessed_rows = self.cache.get_seq_length() - text_length
         if guessed_rows:
             self.cache.crop(-guessed_rows)  # they go: next round reads the true features instead
         return draft, passes
+
+    def _worth_another_level(self, draft: DraftTree, level: int) -> bool:
+        """Whether drafting below `level` may pay for itself: an accepted guess saves a step, and
+        no guess below is more confident than the best at `level`, so that best must exceed what
+        a level costs to draft here. With a fixed tree size every level is drafted."""
+        if self.curve is None:
+            return True
+        best = max(c for c, d in zip(draft.log_confidences, draft.depths) if d == level)
+        return math.exp(best) > self.level_cost
 
     # ----- the drafter's round -----
     def propose(self, root: int, hidden: torch.Tensor | None, max_depth: int, with_probs: bool) -> Proposal:
