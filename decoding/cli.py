@@ -79,7 +79,8 @@ def _add_decoding_arguments(p: argparse.ArgumentParser, many_trees: bool = False
                    help="prompt-lookup: tokens copied at most each round")
     p.add_argument("--lookup-ngram", type=int, default=defaults.lookup_ngram,
                    help="prompt-lookup: the longest n-gram matched against the text so far")
-    p.add_argument("--eagle-depth", type=int, default=defaults.eagle_depth, help="eagle: levels the draft tree grows to")
+    p.add_argument("--eagle-depth", type=int, default=defaults.eagle_depth,
+                   help="eagle: levels the draft tree grows to")
     p.add_argument("--eagle-top-k", type=int, default=defaults.eagle_top_k,
                    help="eagle: nodes expanded per level, and guesses per expanded node")
     p.add_argument("--eagle-nodes", type=int, default=defaults.eagle_nodes,

@@ -169,7 +169,8 @@ def bar(url: str, repeats: int) -> None:
             rows.append(m)
             print(f"{'warm-up' if i == 0 else f'run {i}':>8}: engine {m.run_seconds:.2f} s · server saw the end "
                   f"{m.ended:.2f} s · finished and drawn {m.done:.2f} s after Run · first tree {m.first_tree:.2f} s "
-                  f"· {m.summaries} summaries, {m.trees} trees drawn · browser main thread busy {m.browser_busy:.2f} s · "
+                  f"· {m.summaries} summaries, {m.trees} trees drawn · "
+                  f"browser main thread busy {m.browser_busy:.2f} s · "
                   f"app CPU {m.app_cpu:.2f} s · figure in view: {m.in_view} · "
                   f"load {os.getloadavg()[0]:.2f}", flush=True)
     print(f"median over {repeats} runs: finished and drawn {statistics.median(m.done for m in rows[1:]):.2f} s "

@@ -24,7 +24,6 @@ import math
 import time
 
 import torch
-import torch.nn.functional as F
 
 from ..cost_curve import model_cost_curve
 from ..dynamic_tree import DYNAMIC_TREE, DraftTree, drafted_trace, rerank, verified_tree

@@ -72,10 +72,10 @@ def run_train_eagle(args: argparse.Namespace) -> int:
                             f"{held + checked + 1} for {held} held out, {checked} for validation and one to train on")
     _, base = _load_base(args.model, args.threads)
     started = time.time()
-    train_shards, validation_shards, heldout_shards = shards[: -held - checked], shards[-held - checked: -held], shards[-held:]
-    parts = {name: cached_features(base, group, args.out)
-             for name, group in (("train", train_shards), ("validation", validation_shards), ("heldout", heldout_shards))
-             if group}
+    train_shards, heldout_shards = shards[: -held - checked], shards[-held:]
+    validation_shards = shards[-held - checked: -held]
+    groups = {"train": train_shards, "validation": validation_shards, "heldout": heldout_shards}
+    parts = {name: cached_features(base, group, args.out) for name, group in groups.items() if group}
     features_seconds = time.time() - started
     head = new_eagle_head(base, parts["train"], settings)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -89,13 +89,14 @@ def run_train_eagle(args: argparse.Namespace) -> int:
         "heldout": dataclasses.asdict(heldout),
         "training": {"command": command_line("train-eagle", args), "settings": dataclasses.asdict(settings),
                      "answer_tokens": {name: count(group) for name, group in parts.items()},
-                     "shards": {"train": [str(p) for p in train_shards], "validation": [str(p) for p in validation_shards],
-                                "heldout": [str(p) for p in heldout_shards]},
-                     "features_seconds": round(features_seconds, 1), "training_seconds": round(training_time(record), 1),
+                     "shards": {name: [str(p) for p in group] for name, group in groups.items()},
+                     "features_seconds": round(features_seconds, 1),
+                     "training_seconds": round(training_time(record), 1),
                      "epochs": record, "kept_epoch": kept},
     })
     print(f"held out ({heldout.positions} answer positions): top-1 by depth "
           f"{' '.join(f'{a:.3f}' for a in heldout.top1)}; acceptance given the levels before "
-          f"{' '.join(f'{a:.3f}' for a in heldout.acceptance)}; chain tokens per pass {heldout.chain_tokens_per_pass:.3f}")
+          f"{' '.join(f'{a:.3f}' for a in heldout.acceptance)}; "
+          f"chain tokens per pass {heldout.chain_tokens_per_pass:.3f}")
     print(f"saved the EAGLE head to {args.out} (epoch {kept} kept; {training_time(record):.0f} s training)")
     return 0

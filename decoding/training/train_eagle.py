@@ -5,7 +5,8 @@
 The recorded answers (`distill.py`) are the model's own greedy text. The recording holds the base
 model's feature f_j (the post-norm state its lm_head reads) at every answer position; one pass
 over each prompt adds the prompt's, so the draft learns with the whole text as context. That is
-all EAGLE learns from: the base model never runs over the answers again. The draft reads the pair (f_j, t_{j+1}) at position j and learns:
+all EAGLE learns from: the base model never runs over the answers again. The draft reads the
+pair (f_j, t_{j+1}) at position j and learns:
 
 * **the next feature**: a smooth-L1 regression of its output onto f_{j+1} (EAGLE-1), and
 * **the next token's distribution**: KL from the base model's own distribution, softmax(lm_head(f_{j+1}))
@@ -84,7 +85,8 @@ def sequences_from(model: PreTrainedModel, answers: Answers) -> list[Sequence]:
         start += len(answer)
         out = model(input_ids=torch.tensor([prompt]), output_hidden_states=True, use_cache=False, logits_to_keep=1)
         prompt_features = out.hidden_states[-1][0, :-1].float()  # the last prompt state is states[0]
-        sequences.append(Sequence(torch.tensor(prompt + answer[:-1]), torch.cat([prompt_features, states]), len(prompt)))
+        tokens = torch.tensor(prompt + answer[:-1])
+        sequences.append(Sequence(tokens, torch.cat([prompt_features, states]), len(prompt)))
     return sequences
 
 
@@ -315,7 +317,8 @@ def fit_eagle(head: EagleHead, base: PreTrainedModel, train: list[Sequence], val
         if score > best:
             best, best_state = score, {k: v.detach().clone() for k, v in head.state_dict().items()}
         if path is not None:
-            torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
+            torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(),
+                        "schedule": schedule.state_dict(),
                         "record": record, "best": best, "best_state": best_state, "rng": rng.getstate()}, path)
         kept = max(record, key=lambda r: r["validation"]["chain_tokens_per_pass"] if "validation" in r else -r["loss"])
         if epoch - kept["epoch"] >= settings.patience:
