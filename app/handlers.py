@@ -402,7 +402,8 @@ def trace_api(prompt: str, max_new_tokens: int = DecodeSettings.max_new_tokens, 
     """Decode `prompt` and return the whole trace as JSON (the schema of decoding.trace).
 
     `method` is "medusa", "eagle", "draft-model", "prompt-lookup" (whichever the model offers) or
-    "ar" (plain decoding; an EAGLE run grows its own tree each round, with the engine's defaults); `draft_tokens` is the draft model's tokens a round, `lookup_tokens` the most
+    "ar" (plain decoding; an EAGLE run grows its own tree each round, with the engine's
+    defaults); `draft_tokens` is the draft model's tokens a round, `lookup_tokens` the most
     tokens prompt lookup copies. `tree` is a preset name, "default", or a choices list as JSON
     (Medusa only); `num_heads` 0 uses all heads; `model` "" uses the page's default model, and any
     other value must be a model the page offers; `seed` -1 draws a fresh one. The page's limits
