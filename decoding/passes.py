@@ -85,11 +85,16 @@ def draft(
     return top_tokens, torch.exp(top_logits - head_logits.logsumexp(dim=-1, keepdim=True))
 
 
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A bool table of what each row may see, as the additive mask attention takes: 0 where it
+    may attend, the dtype's most negative number elsewhere (see `tree_attention_mask`)."""
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, torch.finfo(dtype).min)
+
+
 @lru_cache(maxsize=32)
 def _tree_block(tree: Tree, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """(T, T) additive mask over the tree itself: 0 where a node may attend, -inf-ish elsewhere."""
-    blocked = torch.finfo(dtype).min
-    return torch.where(tree.ancestor_mask, 0.0, blocked).to(dtype=dtype, device=device)
+    return additive_mask(tree.ancestor_mask.to(device), dtype)
 
 
 def _layer_mask(

@@ -29,6 +29,7 @@ from ..cost_curve import model_cost_curve
 from ..dynamic_tree import DYNAMIC_TREE, DraftTree, drafted_trace, rerank, verified_tree
 from ..kv_cache import new_cache
 from ..model import LoadedModel
+from ..passes import additive_mask
 from ..settings import MAX_EAGLE_NODES
 from ..trace import DrafterInfo
 from ..tree import Tree
@@ -81,8 +82,7 @@ class EagleDrafter(Drafter):
 
     def _mask(self, visible: torch.Tensor) -> torch.Tensor:
         """Additive attention mask from a bool (T, kv) table of what each row may see."""
-        blocked = torch.finfo(self.lm.dtype).min
-        return torch.zeros(visible.shape, dtype=self.lm.dtype, device=self.lm.device).masked_fill_(~visible, blocked)
+        return additive_mask(visible.to(self.lm.device), self.lm.dtype)
 
     def _catch_up(self, root: int) -> torch.Tensor:
         """Read the pairs not yet in the cache (their last token is the root); returns the
@@ -125,7 +125,7 @@ class EagleDrafter(Drafter):
             positions = torch.full((len(frontier),), text_length + level - 1, device=self.lm.device)
             features = torch.stack([chosen_from[c] for c in frontier])
             out = self._run(features, [draft.tokens[c] for c in frontier], positions,
-                            self._mask(visible.to(self.lm.device)))
+                            self._mask(visible))
             passes += 1
             tokens, log_probs = self._top_guesses(out)
             for i, candidate in enumerate(frontier):

@@ -41,6 +41,7 @@ from transformers import DynamicCache, PreTrainedModel, get_cosine_schedule_with
 
 from ..eagle import EagleConfig, EagleHead
 from ..heads import vocabulary_rows
+from ..passes import additive_mask
 from .distill import Answers
 from .recorded import choose_draft_vocab
 
@@ -142,9 +143,7 @@ def unroll_mask(batch: Batch, step: int, dtype: torch.dtype) -> torch.Tensor:
     gap = batch.local[:, None] - batch.local[None, :]
     blocks = [same & (gap >= step - 1)]
     blocks += [same & (gap == step - level) for level in range(2, step + 1)]
-    visible = torch.cat(blocks, dim=1)
-    blocked = torch.finfo(dtype).min
-    return torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, blocked)[None, None]
+    return additive_mask(torch.cat(blocks, dim=1), dtype)[None, None]
 
 
 def previous_position(batch: Batch, values: torch.Tensor) -> torch.Tensor:
