@@ -86,8 +86,11 @@ def drafting_text(rnd: RoundTrace) -> str:
     expanded, kept = sum(drafted.expanded), kept_count(rnd)
     keep = (f"kept the **{kept} most confident**" if kept else
             "kept **none**: by this machine's cost curve no guess was sure enough to pay for its place")
-    return (f"EAGLE drafted **{len(drafted.parents)} candidates** in **{rnd.draft_passes} passes** of its draft "
-            f"layer (**{rnd.time_draft * 1e3:.1f} ms**), expanding the {expanded} most confident, and {keep} · ")
+    passes = f"**{rnd.draft_passes} pass{'' if rnd.draft_passes == 1 else 'es'}**"
+    grew = (f"expanding the {expanded} most confident" if expanded else
+            "then stopped: another level was not likely enough to pay for its pass")
+    return (f"EAGLE drafted **{len(drafted.parents)} candidates** in {passes} of its draft "
+            f"layer (**{rnd.time_draft * 1e3:.1f} ms**), {grew}, and {keep} · ")
 
 
 def lane_note(trace: RunTrace) -> str:

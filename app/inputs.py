@@ -14,7 +14,7 @@ from decoding import available_drafters
 from decoding.errors import DecodingError
 from decoding.limits import PAGE_LIMITS, check_page_limits, tree_problem, tree_text_problem
 from decoding.model import LoadedModel
-from decoding.settings import DecodeSettings
+from decoding.settings import MAX_EAGLE_NODES, DecodeSettings
 from decoding.tree import Tree
 
 from .race import DEFAULT_RACES
@@ -41,6 +41,9 @@ class RunRequest:
     method: str = "medusa"  # the Playground's drafter
     draft_tokens: int = DEFAULTS.draft_tokens
     lookup_tokens: int = DEFAULTS.lookup_tokens
+    eagle_depth: int = DEFAULTS.eagle_depth
+    eagle_top_k: int = DEFAULTS.eagle_top_k
+    eagle_nodes: int = 0  # 0: as many as this machine's cost curve says pay
     lanes: tuple[str, ...] = ("medusa",)  # the drafters the race runs beside plain decoding
 
 
@@ -108,6 +111,16 @@ def whole(value: object, name: str) -> int:
     return int(number)
 
 
+def eagle_nodes(value: object) -> int | None:
+    """The page's and the API's count of EAGLE guesses verified a round: 0 asks for as many as
+    pay on this machine (the engine's None)."""
+    nodes = whole(value, "eagle_nodes")
+    if not 0 <= nodes <= MAX_EAGLE_NODES:
+        raise DecodingError(f"eagle_nodes must be a whole number from 1 to {MAX_EAGLE_NODES}, or 0 for as many "
+                            f"as pay here, not {nodes}")
+    return nodes or None
+
+
 def check_method(model: LoadedModel, method: object, plain: bool = False) -> str:
     """`method` if `model` can run it (plain decoding "ar" too where `plain`), else DecodingError."""
     offered = (["ar"] if plain else []) + available_drafters(model)
@@ -139,6 +152,9 @@ def decode_settings(model: LoadedModel, request: RunRequest, methods: list[str] 
         num_heads=heads if medusa else None,
         draft_tokens=whole(request.draft_tokens, "draft_tokens"),
         lookup_tokens=whole(request.lookup_tokens, "lookup_tokens"),
+        eagle_depth=whole(request.eagle_depth, "eagle_depth"),
+        eagle_top_k=whole(request.eagle_top_k, "eagle_top_k"),
+        eagle_nodes=eagle_nodes(request.eagle_nodes),
         time_limit=PAGE_LIMITS.run_seconds,
     )
     settings.validate()

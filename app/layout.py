@@ -22,7 +22,7 @@ from decoding.assets import ASSETS_DIR
 from decoding.limits import PAGE_LIMITS
 from decoding.model import LoadedModel
 from decoding.prompts import example_prompts
-from decoding.settings import DecodeSettings
+from decoding.settings import MAX_EAGLE_DEPTH, MAX_EAGLE_NODES, MAX_EAGLE_TOP_K, DecodeSettings
 
 from . import handlers, lanes
 from .figure_style import MASK_SHARE, SIDEBAR_CLOSED_BELOW, SIDEBAR_PX, message_figure
@@ -221,7 +221,8 @@ def _playground_tab() -> dict:
 
 def _drafter_controls(model: LoadedModel) -> dict:
     """The drafter and its settings: the tree for Medusa, the draft length for a draft model, the
-    lookup length for prompt lookup (only the chosen drafter's are shown; see handlers.drafter_controls)."""
+    lookup length for prompt lookup, the depth, top-k and size of EAGLE's tree (only the chosen
+    drafter's are shown; see handlers.drafter_controls)."""
     drafters = available_drafters(model)
     method = "medusa" if "medusa" in drafters else drafters[0]
     medusa = method == "medusa"
@@ -243,6 +244,17 @@ def _drafter_controls(model: LoadedModel) -> dict:
     controls["lookup_tokens"] = gr.Slider(1, MAX_LOOKUP_UI, value=DEFAULTS.lookup_tokens, step=1, precision=0,
                                           label="Lookup length (most tokens copied a round)",
                                           visible=method == "prompt-lookup", elem_id="lookup-tokens")
+    eagle = method == "eagle"
+    controls["eagle_depth"] = gr.Slider(1, MAX_EAGLE_DEPTH, value=DEFAULTS.eagle_depth, step=1, precision=0,
+                                        label="EAGLE: depth", info="levels its tree grows to", visible=eagle,
+                                        elem_id="eagle-depth")
+    controls["eagle_top_k"] = gr.Slider(1, MAX_EAGLE_TOP_K, value=DEFAULTS.eagle_top_k, step=1, precision=0,
+                                        label="EAGLE: top-k", info="nodes expanded a level, and guesses from each",
+                                        visible=eagle, elem_id="eagle-top-k")
+    controls["eagle_nodes"] = gr.Slider(0, MAX_EAGLE_NODES, value=0, step=1, precision=0,
+                                        label="EAGLE: guesses verified",
+                                        info="a round; 0: as many as pay on this machine",
+                                        visible=eagle, elem_id="eagle-nodes")
     return controls
 
 
@@ -336,7 +348,8 @@ def _wire_settings(page: Page, model_dd: gr.Dropdown, current_model: gr.State, m
                     concurrency_id=MODEL_QUEUE, concurrency_limit=1, **PRIVATE)
     request["method"].change(handlers.drafter_controls, request["method"],
                              [request["preset"], request["tree_text"], tree_md, request["num_heads"],
-                              request["draft_tokens"], request["lookup_tokens"]], **PRIVATE)
+                              request["draft_tokens"], request["lookup_tokens"], request["eagle_depth"],
+                              request["eagle_top_k"], request["eagle_nodes"]], **PRIVATE)
     request["preset"].change(handlers.preset_text, [model_dd, request["preset"]], request["tree_text"], **PRIVATE)
     for source in (request["tree_text"].change, request["num_heads"].change):
         source(handlers.tree_status, [request["tree_text"], request["num_heads"], model_dd, request["preset"]],

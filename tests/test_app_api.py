@@ -97,6 +97,33 @@ def test_the_trace_endpoint_refuses_a_drafter_or_length_it_cannot_run(client, me
         client.predict("It is", 4, "greedy", "default", 0, "", 1.0, -1, method, *lengths, api_name="/trace")
 
 
+def test_the_trace_endpoint_grows_eagles_tree_as_asked(client):
+    """Depth, top-k and the verified size reach the EAGLE drafter: with 4 guesses fixed, every
+    round verifies the root and exactly 4 guesses at most 2 levels deep; 0 asks for as many as pay."""
+    prompt = "It is a truth universally acknowledged, It is a truth"
+    data = client.predict(prompt, 10, "greedy", "default", 0, "", 1.0, -1, "eagle", 3, 5, 2, 3, 4,
+                          api_name="/trace")
+    trace = RunTrace.from_dict(data)
+    settings = trace.settings
+    assert (settings.eagle_depth, settings.eagle_top_k, settings.eagle_nodes) == (2, 3, 4)
+    assert trace.rounds and all(rnd.tree.size == 5 and max(map(len, rnd.tree.choices)) <= 2 for rnd in trace.rounds)
+    auto = RunTrace.from_dict(client.predict(prompt, 6, "greedy", "default", 0, "", 1.0, -1, "eagle", 3, 5, 2, 3, 0,
+                                             api_name="/trace"))
+    assert auto.settings.eagle_nodes is None and auto.settings.eagle_depth == 2
+
+
+@pytest.mark.parametrize("eagle, message", [
+    ((0, 8, 0), "eagle_depth must be a whole number from 1 to 16, not 0"),
+    ((6, 17, 0), "eagle_top_k must be a whole number from 1 to 16, not 17"),
+    ((6, 8, 64), "eagle_nodes must be a whole number from 1 to 63, or 0 for as many as pay here, not 64"),
+    ((6, 8, -1), "eagle_nodes must be a whole number from 1 to 63, or 0 for as many as pay here, not -1"),
+    ((6, 8, 2.5), "eagle_nodes must be a whole number, not 2.5"),
+])
+def test_the_trace_endpoint_refuses_an_eagle_tree_it_cannot_grow(client, eagle, message):
+    with pytest.raises(Exception, match=re.escape(message)):
+        client.predict("It is", 4, "greedy", "default", 0, "", 1.0, -1, "eagle", 3, 5, *eagle, api_name="/trace")
+
+
 def test_trace_endpoint_takes_a_custom_tree_and_fewer_heads(client):
     data = client.predict("It is a truth", 6, "greedy", "[[0], [0, 0], [1]]", 2, api_name="/trace")
     assert data["tree"]["choices"] == [[0], [1], [0, 0]]

@@ -224,8 +224,15 @@ def test_eagle_runs_as_a_drafter_and_a_race_lane_and_learn_tells_its_run(page, s
     tokens.fill("16")  # EAGLE drafts hundreds of candidates a round: a short run keeps the test short
     tokens.press("Enter")
     pick_drafter(page, "EAGLE")
+    page.locator("#eagle-nodes").wait_for(state="visible", timeout=10_000)  # EAGLE's own controls
+    assert not page.locator("#tree-preset").is_visible()
+    for control, value in (("eagle-depth", "3"), ("eagle-nodes", "5")):
+        box = page.locator(f"#{control} input[type=number]")
+        box.fill(value)
+        box.press("Enter")
     run_prompt(page, "It is a truth universally acknowledged", timeout_ms=180_000)
     assert "(EAGLE)" in page.locator("#round-info").inner_text()
+    assert "verified 6 tree nodes" in page.locator("#round-info").inner_text()  # the root and the 5 asked for
     assert "passes of its draft layer" in page.locator("#round-info").inner_text()
     assert "drafted" in plot_title(page, "tree-plot")
     assert "step 1" in page.locator("#tree-plot .xtick").all_text_contents()

@@ -5,6 +5,7 @@ run on the tiny model's random EAGLE head where the engine's own trace is the po
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -71,6 +72,15 @@ def test_a_round_says_what_the_draft_scored_expanded_and_kept(eagle):
     assert "verified **5 tree nodes**" in info and "accepted **2 guess(es)**" in info
     assert "kept **none**" in views.round_info(eagle, 1) and "the root alone" in views.round_info(eagle, 1)
     assert "+ 9 passes of EAGLE's draft layer" in views.run_summary(eagle)
+
+
+def test_a_draft_that_stopped_after_one_level_says_so(eagle):
+    first = eagle.rounds[0]
+    stopped = dataclasses.replace(first, draft_passes=1, drafted=dataclasses.replace(
+        first.drafted, expanded=[False] * len(first.drafted.expanded)))
+    info = views.round_info(dataclasses.replace(eagle, rounds=[stopped, *eagle.rounds[1:]]), 0)
+    assert "in **1 pass** of its draft layer" in info
+    assert "then stopped: another level was not likely enough to pay for its pass, and kept" in info
 
 
 def test_the_tree_view_draws_the_verified_nodes_the_cut_candidates_and_the_expanded_ones(eagle):
