@@ -293,8 +293,8 @@ def _curve_lines(report: dict) -> list[str]:
     if not curve:
         return []
     points = ", ".join(f"T={size} {cost:.2f}" for size, cost in zip(curve["sizes"], curve["costs"]))
-    return [f"a T-token pass here, in one-token steps ({curve['threads']} threads, measured {curve['measured_at']}): "
-            f"{points}; the heads' drafting {curve['draft_cost']:.2f}"]
+    return [f"a T-token pass here, in one-token steps ({curve['threads']} threads, measured {curve['measured_at']}, "
+            f"repeats within {curve.get('spread', 0.0):.0%}): {points}; the heads' drafting {curve['draft_cost']:.2f}"]
 
 
 LIBRARY_NAMES = {"draft-model": "assisted generation (assistant_model=, same draft model and length)",

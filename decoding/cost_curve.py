@@ -12,6 +12,11 @@ step. The trees timed are prefixes of the paper's 63-node tree, so the pass runs
 a verify pass runs (mask, positions, the chosen attention). The Medusa heads' drafting is timed
 too, as one more cost per round. It takes a second or two on SmolLM2, and is cached per machine,
 model, dtype, attention and thread count, so a later load reads it back.
+
+A shared machine can be many times slower for a moment while another job runs, and a curve
+measured then would steer every later run on it. So each curve records how far its repeats
+spread; a noisy one is measured once more, and only a quiet one is cached (the run uses the
+quieter of the two either way).
 """
 
 from __future__ import annotations
@@ -39,6 +44,9 @@ CURVE_SIZES = (1, 2, 4, 8, 16, 32, 64)
 PAST = 128  # cached tokens before each timed pass: a prompt and the start of an answer
 REPEATS = 3
 CACHE_SUBDIR = "cost_curves"
+# A curve whose repeats of some size spread more than this, (slowest - fastest) / median, was
+# measured while something else ran: it is not cached.
+NOISY_SPREAD = 0.5
 
 
 def _curve_tree(size: int) -> Tree:
@@ -87,12 +95,14 @@ def measure_cost_curve(lm: LoadedModel, sizes: tuple[int, ...] = CURVE_SIZES, pa
         for size in order:
             seconds[size].append(one_pass(size))
     step = statistics.median(seconds[1])
+    spread = max((max(times) - min(times)) / statistics.median(times) for times in seconds.values())
     return CostCurve(
         sizes=list(sizes), costs=[round(statistics.median(seconds[s]) / step, 4) for s in sizes],
         step_seconds=step, device=str(lm.device), dtype=str(lm.dtype).removeprefix("torch."),
         threads=torch.get_num_threads(), past=past,
         measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
         draft_cost=round(_draft_seconds(lm, hidden[-1] if hidden is not None else None, repeats) / step, 4),
+        spread=round(spread, 4),
     )
 
 
@@ -138,27 +148,36 @@ def _cacheable(lm: LoadedModel) -> bool:
 
 
 def _well_formed(curve: CostCurve) -> bool:
-    numbers = [*curve.costs, curve.step_seconds, curve.draft_cost]
+    numbers = [*curve.costs, curve.step_seconds, curve.draft_cost, curve.spread]
     return (len(curve.sizes) == len(curve.costs) >= 2 and curve.sizes[0] == 1
             and all(isinstance(s, int) for s in curve.sizes) and curve.sizes == sorted(curve.sizes)
             and all(isinstance(x, int | float) and x >= 0 for x in numbers))
 
 
+def quiet_cost_curve(lm: LoadedModel) -> CostCurve:
+    """The curve measured now, and once more if the machine was busy: the quieter of the two."""
+    curve = measure_cost_curve(lm)
+    if curve.spread > NOISY_SPREAD:
+        curve = min(curve, measure_cost_curve(lm), key=lambda c: c.spread)
+    return curve
+
+
 def cached_cost_curve(lm: LoadedModel, remeasure: bool = False) -> CostCurve:
     """The model's cost curve from the cache if this machine measured it before, else measured now.
 
-    A cache file that is unreadable or not a curve is ignored and measured again.
+    A cache file that is unreadable, not a curve, or a noisy curve is ignored and measured again;
+    a noisy measurement is used but not written.
     """
     path = cache_root() / CACHE_SUBDIR / f"{curve_key(lm)}.json"
     if not remeasure and _cacheable(lm) and path.is_file():
         try:
             cached = CostCurve(**json.loads(path.read_text(encoding="utf-8")))
-            if _well_formed(cached):
+            if _well_formed(cached) and cached.spread <= NOISY_SPREAD:
                 return cached
         except (OSError, ValueError, TypeError):
             pass
-    curve = measure_cost_curve(lm)
-    if _cacheable(lm):
+    curve = quiet_cost_curve(lm)
+    if _cacheable(lm) and curve.spread <= NOISY_SPREAD:
         text = json.dumps(dataclasses.asdict(curve), indent=1)
         write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
     return curve

@@ -106,6 +106,39 @@ def test_the_cache_key_changes_with_what_changes_the_costs(named):
     assert curve_key(lm) != curve_key(replace(lm, dtype=torch.bfloat16))
 
 
+def test_the_spread_says_how_far_the_repeats_of_one_size_disagree(tiny_llama, monkeypatch):
+    # Warm-up (sizes 1, 4), repeat 1 (1, 4), repeat 2 (4, 1), then the heads' drafting: the step's
+    # two repeats took 1 s and 3 s, the 4-token pass 2 s both times.
+    seconds = iter([9.0, 9.0, 1.0, 2.0, 2.0, 3.0, 0.1, 0.1])
+
+    def fake_time(device, run):
+        run()
+        return next(seconds)
+
+    monkeypatch.setattr(cost_curve_module, "_time", fake_time)
+    curve = measure_cost_curve(tiny_llama, sizes=(1, 4), repeats=2)
+    assert curve.step_seconds == 2.0 and curve.costs == [1.0, 1.0]
+    assert curve.spread == pytest.approx((3.0 - 1.0) / 2.0)
+
+
+def test_a_curve_measured_on_a_busy_machine_is_measured_again_and_not_cached(named, monkeypatch):
+    lm, _, path = named
+    curves = iter([replace(STEEP, spread=3.0, measured_at="busy"), replace(STEEP, spread=1.5, measured_at="less busy")])
+    monkeypatch.setattr(cost_curve_module, "measure_cost_curve", lambda lm: next(curves))
+    assert cached_cost_curve(lm).measured_at == "less busy"  # the quieter of the two is used
+    assert not path.exists()
+    quiet = replace(STEEP, spread=0.1, measured_at="quiet")
+    monkeypatch.setattr(cost_curve_module, "measure_cost_curve", lambda lm: quiet)
+    assert cached_cost_curve(lm).measured_at == "quiet" and path.is_file()  # the next load measures again
+
+
+def test_a_noisy_curve_in_the_cache_is_measured_again(named):
+    lm, calls, path = named
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({**STEEP.__dict__, "spread": 2.0, "measured_at": "busy"}))
+    assert cached_cost_curve(lm).measured_at == "call 1" and calls == ["tiny-named"]
+
+
 def test_models_loaded_from_a_path_are_measured_not_cached(tiny_llama, monkeypatch, tmp_path):
     monkeypatch.setenv("MEDUSA_PLAYGROUND_CACHE", str(tmp_path))
     monkeypatch.setattr(cost_curve_module, "measure_cost_curve", lambda lm: STEEP)
