@@ -14,9 +14,10 @@ too, as one more cost per round. It takes a second or two on SmolLM2, and is cac
 model, dtype, attention and thread count, so a later load reads it back.
 
 A shared machine can be many times slower for a moment while another job runs, and a curve
-measured then would steer every later run on it. So each curve records how far its repeats
-spread; a noisy one is measured once more, and only a quiet one is cached (the run uses the
-quieter of the two either way).
+measured then would steer every later run on it. The median shrugs off one slow repeat, but not
+a machine that stays busy; so each curve records how well most of its repeats agreed, a noisy
+one is measured once more, and only a quiet one is cached (the run uses the quieter of the two
+either way).
 """
 
 from __future__ import annotations
@@ -44,15 +45,24 @@ CURVE_SIZES = (1, 2, 4, 8, 16, 32, 64)
 PAST = 128  # cached tokens before each timed pass: a prompt and the start of an answer
 REPEATS = 3
 CACHE_SUBDIR = "cost_curves"
-# A curve whose repeats of some size spread more than this, (slowest - fastest) / median, was
+# A curve where most repeats of some size disagree by more than this (see `disagreement`) was
 # measured while something else ran: it is not cached.
-NOISY_SPREAD = 0.5
+NOISY_SPREAD = 0.25
 
 
 def _curve_tree(size: int) -> Tree:
     """A `size`-node tree (root included): the first size - 1 paths of the paper's tree. Its
     paths are sorted by length, so every prefix of the list is itself a tree."""
     return Tree.from_choices(MC_SIM_7B_63[: size - 1], num_heads=4, name=f"curve-{size}")
+
+
+def disagreement(times: list[float]) -> float:
+    """The narrowest range that holds most (a majority) of `times`, over their median: small
+    when most repeats agree, however far one of them strays."""
+    ordered = sorted(times)
+    most = len(ordered) // 2 + 1
+    narrowest = min(ordered[i + most - 1] - ordered[i] for i in range(len(ordered) - most + 1))
+    return narrowest / statistics.median(ordered)
 
 
 def _time(device: torch.device, run) -> float:
@@ -95,7 +105,7 @@ def measure_cost_curve(lm: LoadedModel, sizes: tuple[int, ...] = CURVE_SIZES, pa
         for size in order:
             seconds[size].append(one_pass(size))
     step = statistics.median(seconds[1])
-    spread = max((max(times) - min(times)) / statistics.median(times) for times in seconds.values())
+    spread = max(disagreement(times) for times in seconds.values())
     return CostCurve(
         sizes=list(sizes), costs=[round(statistics.median(seconds[s]) / step, 4) for s in sizes],
         step_seconds=step, device=str(lm.device), dtype=str(lm.dtype).removeprefix("torch."),

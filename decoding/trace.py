@@ -103,8 +103,8 @@ class CostCurve:
     measured_at: str  # ISO 8601, when the measurement was taken (it may come from the cache)
     # What the Medusa heads' guessing costs per round, in one-token steps (0 without heads).
     draft_cost: float = 0.0
-    # How much the repeats of one size disagreed, at worst: (slowest - fastest) / median. A
-    # quiet machine gives a few percent; another job running alongside, far more.
+    # How far most repeats of one size disagreed, at worst (cost_curve.disagreement): a quiet
+    # machine gives a few percent; another job running alongside, far more.
     spread: float = 0.0
 
     def cost(self, size: int) -> float:

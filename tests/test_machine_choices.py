@@ -106,19 +106,24 @@ def test_the_cache_key_changes_with_what_changes_the_costs(named):
     assert curve_key(lm) != curve_key(replace(lm, dtype=torch.bfloat16))
 
 
-def test_the_spread_says_how_far_the_repeats_of_one_size_disagree(tiny_llama, monkeypatch):
-    # Warm-up (sizes 1, 4), repeat 1 (1, 4), repeat 2 (4, 1), then the heads' drafting: the step's
-    # two repeats took 1 s and 3 s, the 4-token pass 2 s both times.
-    seconds = iter([9.0, 9.0, 1.0, 2.0, 2.0, 3.0, 0.1, 0.1])
+@pytest.mark.parametrize("step_times, spread", [
+    ((1.0, 1.02, 5.0), 0.02 / 1.02),  # one slow repeat: the other two agree, and the median is theirs
+    ((1.0, 2.0, 4.0), 1.0 / 2.0),  # no two agree: the machine was busy throughout
+])
+def test_the_spread_says_how_well_most_repeats_of_a_size_agree(tiny_llama, monkeypatch, step_times, spread):
+    # Warm-up (sizes 1, 4); three repeats in rotating order, (1, 4), (4, 1), (1, 4); then the
+    # heads' drafting. The 4-token pass takes 2 s every time.
+    first, second, third = step_times
+    seconds = iter([9.0, 9.0, first, 2.0, 2.0, second, third, 2.0, 0.1, 0.1, 0.1])
 
     def fake_time(device, run):
         run()
         return next(seconds)
 
     monkeypatch.setattr(cost_curve_module, "_time", fake_time)
-    curve = measure_cost_curve(tiny_llama, sizes=(1, 4), repeats=2)
-    assert curve.step_seconds == 2.0 and curve.costs == [1.0, 1.0]
-    assert curve.spread == pytest.approx((3.0 - 1.0) / 2.0)
+    curve = measure_cost_curve(tiny_llama, sizes=(1, 4), repeats=3)
+    assert curve.step_seconds == sorted(step_times)[1] and curve.costs == [1.0, round(2.0 / curve.step_seconds, 4)]
+    assert curve.spread == pytest.approx(spread, abs=1e-4)
 
 
 def test_a_curve_measured_on_a_busy_machine_is_measured_again_and_not_cached(named, monkeypatch):
