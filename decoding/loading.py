@@ -330,9 +330,10 @@ def load_model(
     `None` means the embedded default model. With `self_test`, a tree is verified against
     plain linear decoding before the model is handed out (see `selftest.py`). Without
     `with_heads`, the model is loaded for plain decoding alone and no heads are looked for.
-    With `pack_linear`, the base model's linear layers multiply by weights packed once for the
-    CPU's matrix library where that works (see `packed_linear.py`): plain decoding and Medusa
-    alike then run on the fastest path there is. With `with_draft`, the draft model named by
+    With `pack_linear`, the linear layers of the base model, its draft model and its EAGLE
+    head multiply by weights packed once for the CPU's matrix library where that works (see
+    `packed_linear.py`): plain decoding and every drafter alike then run on the fastest path
+    there is. With `with_draft`, the draft model named by
     `draft_model`, or else the one shipped or registered with the model if any, is loaded too
     (`LoadedModel.draft`), for the draft-model drafter. `dtype` "auto" measures on a CPU whether
     float32 or bfloat16 is faster here (`precision.py`); `attention` "auto" picks the exact
@@ -384,6 +385,8 @@ def load_model(
     eagle_source = eagle or _shipped_eagle(sources)
     if with_eagle and eagle_source is not None:
         loaded.eagle, eagle_meta = load_eagle_head(loaded, eagle_source)
+        if pack_linear:
+            pack_linear_layers(loaded.eagle)
         loaded.eagle_accuracy = _eagle_accuracy(eagle_meta)
     return loaded
 

@@ -20,6 +20,7 @@ from .attention import GATHERED
 from .eagle import EagleHead
 from .heads import MedusaHeads, TransposedLinear, vocabulary_rows
 from .kv_cache import attention_layer_types
+from .packed_linear import PackedLinear, can_pack
 from .trace import CostCurve
 
 
@@ -68,29 +69,24 @@ class LoadedModel:
         """The vocabulary projection shared-lm_head heads draft through: the lm_head's rows for
         the heads' draft vocabulary (all of them when the heads have none).
 
-        On a CPU it is a transposed copy of the lm_head, which multiplies a few rows faster
-        (see TransposedLinear). On a GPU there is nothing to gain, and a 7B model's copy would
-        cost hundreds of MB, so there it is the lm_head itself. It is computed once, for the
-        heads the model was made with: to try other heads, decode with a copy,
-        `dataclasses.replace(lm, heads=other)`, which computes its own.
+        On a CPU it is a copy laid out for products of a few rows (see `few_rows_projection`).
+        On a GPU there is nothing to gain, and a 7B model's copy would cost hundreds of MB, so
+        there it is the lm_head itself. It is computed once, for the heads the model was made
+        with: to try other heads, decode with a copy, `dataclasses.replace(lm, heads=other)`,
+        which computes its own.
         """
         lm_head = self.model.get_output_embeddings()
         if not self.heads.config.shared_lm_head:
             return lm_head
-        lm_head = self.heads.draft_projection(lm_head)
-        if self.device.type == "cpu" and isinstance(lm_head, nn.Linear):
-            return TransposedLinear(lm_head)
-        return lm_head
+        return few_rows_projection(self.heads.draft_projection(lm_head))
 
     @cached_property
     def eagle_lm_head(self) -> nn.Module:
         """The lm_head rows of the EAGLE head's draft vocabulary (all rows without one), frozen;
-        on a CPU transposed, like `draft_lm_head`, for the few rows a draft multiplies."""
+        on a CPU laid out for the few rows a draft multiplies, like `draft_lm_head`."""
         lm_head = self.model.get_output_embeddings()
         rows = lm_head if self.eagle.draft_vocab is None else vocabulary_rows(lm_head, self.eagle.draft_vocab)
-        if self.device.type == "cpu" and isinstance(rows, nn.Linear):
-            return TransposedLinear(rows)
-        return rows
+        return few_rows_projection(rows)
 
     @property
     def gathered_attention(self) -> bool:
@@ -119,6 +115,21 @@ class LoadedModel:
             text = self.tokenizer.decode([token])
             self._token_texts[token] = text
         return text
+
+
+def few_rows_projection(linear: nn.Module) -> nn.Module:
+    """A vocabulary projection laid out for the 1-16 rows a draft multiplies by it, on a CPU.
+
+    Packed once for oneDNN where that works (float32: see packed_linear.py), else stored
+    transposed (see TransposedLinear): both multiply a few rows several times faster than
+    nn.Linear's own layout. A layer that is not a plain CPU nn.Linear (a GPU's, or one already
+    packed) is returned as it is.
+    """
+    if type(linear) is not nn.Linear or linear.weight.device.type != "cpu":
+        return linear
+    if can_pack(linear):
+        return PackedLinear(linear, one_row_packed=True)
+    return TransposedLinear(linear)
 
 
 def stop_token_ids(generation_config: GenerationConfig) -> frozenset[int]:

@@ -14,7 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from decoding import DecodeSettings, generate, load_model
+from decoding import DecodeSettings, generate, load_model, packed_linear
+from decoding.heads import TransposedLinear
+from decoding.model import few_rows_projection
 from decoding.packed_linear import PackedLinear, pack_linear_layers, packed, packing_works
 from test_lossless import oracle_heads, prompts, trees, with_heads
 
@@ -27,14 +29,52 @@ needs_packing = pytest.mark.skipif(
 @pytest.mark.parametrize("rows", [1, 2, 8, 17])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("hint", [1, 8])
-def test_packed_linear_multiplies_like_nn_linear(rows, bias, hint):
+@pytest.mark.parametrize("one_row_packed", [False, True])
+def test_packed_linear_multiplies_like_nn_linear(rows, bias, hint, one_row_packed):
     torch.manual_seed(rows)
     linear = nn.Linear(96, 200, bias=bias)
-    layer = PackedLinear(linear, batch_size_hint=hint)
+    layer = PackedLinear(linear, batch_size_hint=hint, one_row_packed=one_row_packed)
     with torch.inference_mode():
         for shape in [(rows, 96), (1, rows, 96)]:
             x = torch.randn(shape)
             torch.testing.assert_close(layer(x), linear(x), rtol=1e-5, atol=1e-5)
+
+
+class NoMatrixVector:
+    """Stands in for torch.nn.functional in packed_linear: a product through F.linear fails."""
+
+    @staticmethod
+    def linear(*args):
+        raise AssertionError("multiplied through F.linear, not the packed copy")
+
+
+@needs_packing
+def test_one_row_goes_through_the_packed_copy_only_for_a_vocabulary_projection(monkeypatch):
+    linear = nn.Linear(16, 300)
+    inner, vocabulary = PackedLinear(linear), PackedLinear(linear, one_row_packed=True)
+    x = torch.randn(1, 16)
+    with torch.inference_mode():
+        expected = linear(x)
+        monkeypatch.setattr(packed_linear, "F", NoMatrixVector)
+        torch.testing.assert_close(vocabulary(x), expected, rtol=1e-5, atol=1e-5)
+        with pytest.raises(AssertionError, match="F.linear"):
+            inner(x)  # an inner layer's one row is a matrix-vector product
+        inner(torch.randn(2, 16))  # several rows are always packed
+
+
+def test_a_draft_multiplies_few_rows_by_a_copy_laid_out_for_them():
+    linear = nn.Linear(16, 300)
+    x = torch.randn(3, 16)
+    projection = few_rows_projection(linear)
+    if packing_works():
+        assert isinstance(projection, PackedLinear) and projection.one_row_packed
+    else:
+        assert isinstance(projection, TransposedLinear)
+    half = nn.Linear(16, 300).to(torch.bfloat16)  # not packed: stored transposed instead
+    assert isinstance(few_rows_projection(half), TransposedLinear)
+    assert few_rows_projection(projection) is projection  # already laid out: kept as it is
+    with torch.inference_mode():
+        torch.testing.assert_close(projection(x), linear(x), rtol=1e-5, atol=1e-5)
 
 
 @needs_packing
@@ -77,6 +117,18 @@ def unpacked(tiny_dirs):
 def test_load_model_packs_by_default(tiny_models, unpacked):
     assert any(isinstance(m, PackedLinear) for m in tiny_models["llama"].model.modules())
     assert not any(isinstance(m, PackedLinear) for m in unpacked["llama"].model.modules())
+    # The EAGLE head's layer too (its fc and the decoder layer's projections).
+    assert any(isinstance(m, PackedLinear) for m in tiny_models["llama"].eagle.modules())
+    assert not any(isinstance(m, PackedLinear) for m in unpacked["llama"].eagle.modules())
+
+
+@needs_packing
+def test_the_lm_head_alone_multiplies_one_row_by_its_packed_copy(tiny_models):
+    model = tiny_models["llama"].model
+    output = model.get_output_embeddings()
+    assert isinstance(output, PackedLinear) and output.one_row_packed
+    inner = [m for m in model.modules() if isinstance(m, PackedLinear) and m is not output]
+    assert inner and not any(m.one_row_packed for m in inner)
 
 
 @needs_packing
