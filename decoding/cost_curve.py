@@ -10,8 +10,9 @@ So we time it: after the same cached prefix, a pass over each tree size T, inter
 round so a busy machine slows every size alike, and the median of each over the median one-token
 step. The trees timed are prefixes of the paper's 63-node tree, so the pass runs exactly the code
 a verify pass runs (mask, positions, the chosen attention). The Medusa heads' drafting is timed
-too, as one more cost per round. It takes a second or two on SmolLM2, and is cached per machine,
-model, dtype, attention and thread count, so a later load reads it back.
+too, as one more cost per round. Five repeats of each size take about 5 s for SmolLM2 on a
+2-core CPU; the curve is cached per machine, model, dtype, attention and thread count, so a later
+load reads it back.
 
 A shared machine can be many times slower for a moment while another job runs, and a curve
 measured then would steer every later run on it. The median shrugs off one slow repeat, but not
@@ -43,7 +44,7 @@ from .tree import MC_SIM_7B_63, Tree
 
 CURVE_SIZES = (1, 2, 4, 8, 16, 32, 64)
 PAST = 128  # cached tokens before each timed pass: a prompt and the start of an answer
-REPEATS = 3
+REPEATS = 5
 CACHE_SUBDIR = "cost_curves"
 # Part of the cache key: raised when the passes' own code changes what they cost, so curves
 # measured before are measured again (2: the lm_head's one row through the packed kernel).
