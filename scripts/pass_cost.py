@@ -7,8 +7,9 @@ For each thread count, every variant (eager `F.linear`, and `PackedLinear` packe
 hint) is timed in turn, round after round, so a busy machine slows them alike; the table shows
 medians. A pass feeds T tokens after `--past` cached ones with a 4D additive mask and explicit
 positions, as a verify pass does (a chain: the mask's shape, not its pattern, sets the cost).
-Costs are in eager one-token steps, the step plain decoding takes (PackedLinear runs one row
-through `F.linear` too, so its own step column should match eager's).
+Costs are in eager one-token steps. PackedLinear runs one row through `F.linear` too, except for
+the lm_head, whose one row goes through its packed copy as in the engine: the packed variants'
+own step column is the step plain decoding takes there.
 It also checks that the logits of one 8-token pass match those of 8 single steps.
 """
 
@@ -57,8 +58,10 @@ class Variants:
         self.slots = [(parent, name, child) for parent in model.modules()
                       for name, child in parent.named_children() if can_pack(child)]
         self.layers = {"eager": [child for _, _, child in self.slots]}
+        output = model.get_output_embeddings()  # its one row goes through the packed copy, as the engine's does
         for hint in hints:
-            self.layers[f"packed-{hint}"] = [PackedLinear(child, hint) for _, _, child in self.slots]
+            self.layers[f"packed-{hint}"] = [PackedLinear(child, hint, one_row_packed=child is output)
+                                             for _, _, child in self.slots]
 
     def use(self, variant: str) -> None:
         for (parent, name, _), layer in zip(self.slots, self.layers[variant]):
