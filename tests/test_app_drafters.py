@@ -10,6 +10,7 @@ import pytest
 
 from app import race_views, views
 from app.drafter_costs import INVITATION, drafter_comparison
+from app.handlers import drafter_controls
 from app.text import load_steps, render_steps
 from app.tree_figures import mask_figure, tree_figure
 from app_helpers import SMALL_CHOICES, make_ar_run, make_chain_run, make_race, make_run
@@ -201,3 +202,12 @@ def test_stats_speak_of_the_runs_own_drafter(draft):
     text = views.stats_text(draft, race)
     assert text.startswith("Draft model added") and "the draft model added" in text
     assert "with Prompt lookup ticked" in views.stats_text(make_chain_run("prompt-lookup", [1]), race)
+
+
+@pytest.mark.parametrize("method", ["medusa", "eagle", "draft-model", "prompt-lookup"])
+def test_each_drafter_shows_its_own_controls_alone(method):
+    """In the order layout.py lists them: Medusa's tree (preset, editor, status, heads), the draft
+    length, the lookup length, EAGLE's depth, top-k and guesses verified."""
+    shown = [update["visible"] if isinstance(update, dict) else update.visible for update in drafter_controls(method)]
+    assert shown == [method == "medusa"] * 4 + [method == "draft-model", method == "prompt-lookup"] + [
+        method == "eagle"] * 3
