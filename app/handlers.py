@@ -2,9 +2,11 @@
 
 The handlers that run the engine receive their inputs as one dict (Gradio passes a dict when
 `inputs` is a set) and read it through `Page`, which names every component, and answer with a
-dict of the components they change, so an update touches only what changed. Three small ones
-that show, hide or reset controls (`switch_model`, `drafter_controls`, `acceptance_controls`)
-take and return plain tuples instead: their order is the one their event lists in layout.py.
+dict of the components they change, so an update touches only what changed. The small ones
+that reset or describe controls when the model or tree changes (`switch_model`, `preset_text`,
+`tree_status`) take and return plain values instead, in the order their event lists in
+layout.py; those that only show and hide the sidebar's controls live in sidebar.py, and the
+`/trace` endpoint in api.py.
 
 While a run streams, the token stream updates every `PUSH_EVERY` seconds but the tree and mask
 only on the first round, now and then and at the end: redrawing a 64-node tree and its 64x64
@@ -32,9 +34,8 @@ from gradio.components import Component
 
 from decoding import available_drafters
 from decoding.errors import DecodingError
-from decoding.loops import generate, stream
+from decoding.loops import stream
 from decoding.model import LoadedModel
-from decoding.settings import DecodeSettings
 from decoding.trace import RunTrace
 
 from . import charts, lanes, race_views, views
@@ -42,13 +43,12 @@ from .eagle_views import GuessingAccuracy
 from .figure_style import Look
 from .inputs import (
     RunRequest,
-    api_request,
     decode_settings,
     describe_tree,
     format_choices,
     race_lanes,
 )
-from .models import ModelCache, offered_models, require_offered
+from .models import ModelCache, require_offered
 from .race import RaceResult, default_lanes, race
 from .text import Step, render_steps
 
@@ -367,14 +367,6 @@ def switch_model(name: str, previous: str, method: str) -> tuple:
             gr.CheckboxGroup(choices=lanes.choices(drafters, short=True), value=default_lanes(drafters)))
 
 
-def drafter_controls(method: str) -> tuple:
-    """The tree's controls for Medusa, the draft length for a draft model, the lookup length for
-    prompt lookup, the depth, top-k and size of EAGLE's tree: only the chosen drafter's are shown."""
-    medusa = method == "medusa"
-    return (*[gr.update(visible=medusa)] * 4, gr.Slider(visible=method == "draft-model"),
-            gr.Slider(visible=method == "prompt-lookup"), *[gr.Slider(visible=method == "eagle")] * 3)
-
-
 def preset_text(model_name: str, preset: str) -> str:
     trees = _load(model_name).trees
     return format_choices(trees[preset]) if preset in trees else gr.skip()
@@ -383,44 +375,3 @@ def preset_text(model_name: str, preset: str) -> str:
 def tree_status(text: str, num_heads: float, model_name: str, preset: str) -> str:
     model = _load(model_name)
     return describe_tree(text, model.trees.get(preset), model.num_heads, int(num_heads))
-
-
-def acceptance_controls(acceptance: str) -> tuple:
-    """Temperature and seed matter only when sampling; ε and δ only for typical acceptance."""
-    sampling = acceptance != "greedy"
-    return (gr.Slider(visible=sampling), gr.Slider(visible=acceptance == "typical"),
-            gr.Slider(visible=acceptance == "typical"), gr.Number(visible=sampling))
-
-
-# ----------------------------------------------------------------------------- the API
-
-def trace_api(prompt: str, max_new_tokens: int = DecodeSettings.max_new_tokens, acceptance: str = "greedy",
-              tree: str = "default", num_heads: int = 0, model: str = "",
-              temperature: float = DecodeSettings.temperature, seed: int = -1, method: str = "medusa",
-              draft_tokens: int = DecodeSettings.draft_tokens,
-              lookup_tokens: int = DecodeSettings.lookup_tokens,
-              eagle_depth: int = DecodeSettings.eagle_depth, eagle_top_k: int = DecodeSettings.eagle_top_k,
-              eagle_nodes: int = 0) -> dict:
-    """Decode `prompt` and return the whole trace as JSON (the schema of decoding.trace).
-
-    `method` is "medusa", "eagle", "draft-model", "prompt-lookup" (whichever the model offers) or
-    "ar" (plain decoding); `draft_tokens` is the draft model's tokens a round, `lookup_tokens`
-    the most tokens prompt lookup copies; an EAGLE run grows its own tree each round,
-    `eagle_depth` levels deep with `eagle_top_k` guesses from each of the `eagle_top_k` most
-    confident nodes a level, and verifies `eagle_nodes` of them (0: as many as pay here).
-    `tree` is a preset name, "default", or a choices list as JSON (Medusa only); `num_heads` 0
-    uses all heads; `model` "" uses the page's default model, and any other value must be a model
-    the page offers; `seed` -1 draws a fresh one. The page's limits (decoding.limits) apply, as
-    they do to a visitor's Run.
-    """
-    try:
-        lm = cache.get(require_offered(model or offered_models()[0]))
-        if isinstance(tree, str) and not tree.lstrip().startswith("[") and tree not in ("default", *lm.trees):
-            raise DecodingError(f"unknown tree {tree!r}; known trees: {', '.join(lm.trees)}")
-        request = api_request(prompt, lm.name, tree, max_new_tokens=max_new_tokens, acceptance=acceptance,
-                              temperature=temperature, seed=int(seed), num_heads=num_heads, method=method,
-                              draft_tokens=draft_tokens, lookup_tokens=lookup_tokens, eagle_depth=eagle_depth,
-                              eagle_top_k=eagle_top_k, eagle_nodes=eagle_nodes)
-        return generate(lm, prompt, decode_settings(lm, request)).to_dict()
-    except DecodingError as e:
-        raise refusal(e) from e

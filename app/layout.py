@@ -20,15 +20,14 @@ import gradio as gr
 from decoding import available_drafters
 from decoding.assets import ASSETS_DIR
 from decoding.limits import PAGE_LIMITS
-from decoding.model import LoadedModel
 from decoding.prompts import example_prompts
-from decoding.settings import MAX_EAGLE_DEPTH, MAX_EAGLE_NODES, MAX_EAGLE_TOP_K, DecodeSettings
+from decoding.settings import DecodeSettings
 
-from . import handlers, lanes
+from . import handlers, lanes, sidebar
+from .api import trace_api
 from .figure_style import MASK_SHARE, SIDEBAR_CLOSED_BELOW, SIDEBAR_PX, message_figure
 from .gpu import ON_ZERO_GPU, gpu
 from .handlers import Page
-from .inputs import describe_tree, format_choices
 from .models import missing_models, model_choices, warm_up
 from .race import DEFAULT_RACES, MAX_RACES, default_lanes
 from .race_views import RACE_IDLE
@@ -38,8 +37,6 @@ from .views import learn_banner, learn_figures, model_card, stats_figures, stats
 MODEL_QUEUE = "model"
 PRIVATE = dict(api_visibility="private")
 MAX_NEW_TOKENS_UI = 256
-MAX_DRAFT_UI = 10  # the sliders' ranges; the API takes up to the engine's MAX_DRAFT_TOKENS
-MAX_LOOKUP_UI = 20
 PLAY_EVERY = 1.5  # seconds per round when playing; drawing a 64-node round takes most of a second
 DEFAULT_PROMPTS = ["It was a fine morning, and Elizabeth", "My dear Emma, said Mr. Knightley,"]
 DEFAULTS = DecodeSettings()
@@ -119,15 +116,8 @@ def build_demo() -> gr.Blocks:
 
         with gr.Sidebar(label="Decoding settings", open=True, width=SIDEBAR_PX):
             gr.Markdown("### Decoding settings")
-            drafter = _drafter_controls(model)
-            acceptance = gr.Radio([("greedy (output unchanged)", "greedy"), ("typical acceptance", "typical"),
-                                   ("lossless sampling", "sample")], value=DEFAULTS.acceptance, label="Acceptance")
-            temperature = gr.Slider(0.05, 2.0, value=DEFAULTS.temperature, step=0.05, label="Temperature",
-                                    visible=False)
-            epsilon = gr.Slider(0.0, 0.5, value=DEFAULTS.epsilon, step=0.01, label="ε (hard threshold)", visible=False)
-            delta = gr.Slider(0.0, 1.0, value=DEFAULTS.delta, step=0.05, label="δ (entropy-scaled threshold)",
-                              visible=False)
-            seed = gr.Number(value=-1, precision=0, label="Seed (-1 = random)", visible=False)
+            drafter = sidebar.drafter_settings(model)
+            acceptance = sidebar.acceptance_settings()
 
         with gr.Row(elem_id="prompt-row"):
             with gr.Column(scale=3):
@@ -170,8 +160,7 @@ def build_demo() -> gr.Blocks:
 
         timer = gr.Timer(PLAY_EVERY, active=False)
         page = Page(
-            request=dict(prompt=prompt, model=model_dd, max_new_tokens=max_new, acceptance=acceptance,
-                         temperature=temperature, epsilon=epsilon, delta=delta, seed=seed,
+            request=dict(prompt=prompt, model=model_dd, max_new_tokens=max_new, **acceptance,
                          races=race_tab["races"], lanes=race_tab["lanes"],
                          **{k: v for k, v in drafter.items() if k != "tree_status"}),
             projector=projector, width=width, tabs=tabs, run_state=run_state, race_state=race_state,
@@ -189,7 +178,7 @@ def build_demo() -> gr.Blocks:
         projector.change(_handler(handlers.redraw, page), {run_state, race_state, page.slider, projector, width},
                          [page.tree_plot, page.mask_plot, page.race_plot, *page.stats_plots, *page.learn_plots],
                          **PRIVATE)
-        gr.api(gpu(handlers.trace_api), api_name="trace", concurrency_id=MODEL_QUEUE, concurrency_limit=1)
+        gr.api(gpu(trace_api), api_name="trace", concurrency_id=MODEL_QUEUE, concurrency_limit=1)
     # Redrawing events may run side by side; model work has its own queue of one (MODEL_QUEUE).
     # The queue is bounded: a crowd waits in line (each visitor sees its place), and past
     # PAGE_LIMITS.queue_size the next visitor is told the page is busy rather than piling up.
@@ -217,45 +206,6 @@ def _playground_tab() -> dict:
     return dict(stream_box=stream_box, summary=summary, slider=slider, round_md=round_md,
                 tree_plot=tree_plot, mask_plot=mask_plot, prev_button=prev_btn, next_button=next_btn,
                 play_button=play_btn)
-
-
-def _drafter_controls(model: LoadedModel) -> dict:
-    """The drafter and its settings: the tree for Medusa, the draft length for a draft model, the
-    lookup length for prompt lookup, the depth, top-k and size of EAGLE's tree (only the chosen
-    drafter's are shown; see handlers.drafter_controls)."""
-    drafters = available_drafters(model)
-    method = "medusa" if "medusa" in drafters else drafters[0]
-    medusa = method == "medusa"
-    controls = dict(method=gr.Radio(lanes.choices(drafters), value=method, label="Drafter (who guesses ahead)",
-                                    elem_id="drafter"))
-    controls["preset"] = gr.Dropdown(list(model.trees), value=model.default_tree, label="Tree preset",
-                                     elem_id="tree-preset", visible=medusa)
-    controls["tree_text"] = gr.Code(format_choices(model.trees[model.default_tree]), language="json",
-                                    label="Tree: one path of ranks per node", lines=6,
-                                    max_lines=12, elem_id="tree-json", visible=medusa)
-    controls["tree_status"] = gr.Markdown(describe_tree(controls["tree_text"].value, model.trees[model.default_tree],
-                                                        model.num_heads, model.num_heads),
-                                          elem_id="tree-status", visible=medusa)
-    controls["num_heads"] = gr.Slider(1, model.num_heads, value=model.num_heads, step=1, precision=0,
-                                      label="Heads to use", visible=medusa)
-    controls["draft_tokens"] = gr.Slider(1, MAX_DRAFT_UI, value=DEFAULTS.draft_tokens, step=1, precision=0,
-                                         label="Draft length (tokens the draft model writes a round)",
-                                         visible=method == "draft-model", elem_id="draft-tokens")
-    controls["lookup_tokens"] = gr.Slider(1, MAX_LOOKUP_UI, value=DEFAULTS.lookup_tokens, step=1, precision=0,
-                                          label="Lookup length (most tokens copied a round)",
-                                          visible=method == "prompt-lookup", elem_id="lookup-tokens")
-    eagle = method == "eagle"
-    controls["eagle_depth"] = gr.Slider(1, MAX_EAGLE_DEPTH, value=DEFAULTS.eagle_depth, step=1, precision=0,
-                                        label="EAGLE: depth", info="levels its tree grows to", visible=eagle,
-                                        elem_id="eagle-depth")
-    controls["eagle_top_k"] = gr.Slider(1, MAX_EAGLE_TOP_K, value=DEFAULTS.eagle_top_k, step=1, precision=0,
-                                        label="EAGLE: top-k", info="nodes expanded a level, and guesses from each",
-                                        visible=eagle, elem_id="eagle-top-k")
-    controls["eagle_nodes"] = gr.Slider(0, MAX_EAGLE_NODES, value=0, step=1, precision=0,
-                                        label="EAGLE: guesses verified",
-                                        info="a round; 0: as many as pay on this machine",
-                                        visible=eagle, elem_id="eagle-nodes")
-    return controls
 
 
 def _race_tab(tabs: gr.Tabs, drafters: list[str]) -> dict:
@@ -339,14 +289,14 @@ def _wire_rounds(page: Page) -> None:
 def _wire_settings(page: Page, model_dd: gr.Dropdown, current_model: gr.State, model_md: gr.Markdown,
                    example_dd: gr.Dropdown, examples: list[tuple[str, str]], tree_md: gr.Markdown) -> None:
     request = page.request
-    request["acceptance"].change(handlers.acceptance_controls, request["acceptance"],
+    request["acceptance"].change(sidebar.acceptance_controls, request["acceptance"],
                                  [request["temperature"], request["epsilon"], request["delta"], request["seed"]],
                                  **PRIVATE)
     model_dd.change(gpu(handlers.switch_model, duration=180), [model_dd, current_model, request["method"]],
                     [model_dd, current_model, model_md, request["num_heads"], request["preset"],
                      request["tree_text"], request["method"], request["lanes"]],
                     concurrency_id=MODEL_QUEUE, concurrency_limit=1, **PRIVATE)
-    request["method"].change(handlers.drafter_controls, request["method"],
+    request["method"].change(sidebar.drafter_controls, request["method"],
                              [request["preset"], request["tree_text"], tree_md, request["num_heads"],
                               request["draft_tokens"], request["lookup_tokens"], request["eagle_depth"],
                               request["eagle_top_k"], request["eagle_nodes"]], **PRIVATE)

@@ -17,8 +17,8 @@ matrix faster even for one row (measured here with the weights out of cache: Smo
 576 lm_head in 5.4 ms against 8.9 ms; a draft vocabulary's 8192 rows, 8 inputs, in 1.6 ms
 against 4.4 ms for the transposed product the drafts used before), while for the inner layers'
 one row it is as fast or slower (576 x 192: 0.30 ms against 0.16). So a step and a verify pass
-sum in different orders, and their logits differ in the last bits (on SmolLM2 an 8-token pass and 8 steps differ
-by at most 5e-5, as they do unpacked by 2e-5; argmax equal). Greedy identity is therefore
+sum in different orders, and their logits differ in the last bits (on SmolLM2 an 8-token pass
+and 8 steps differ by at most 5e-5, as they do unpacked by 2e-5; argmax equal). Greedy identity is therefore
 checked on whole runs: Medusa on the packed model, plain decoding on it, and plain decoding on
 the unpacked model write the same tokens (tests/test_packed_linear.py).
 """
@@ -99,9 +99,9 @@ class PackedLinear(nn.Module):
                 f"one_row_packed={self.one_row_packed}")
 
 
-def packed(linear: nn.Module, batch_size_hint: int = BATCH_SIZE_HINT, one_row_packed: bool = False) -> nn.Module:
+def packed(linear: nn.Module, batch_size_hint: int = BATCH_SIZE_HINT) -> nn.Module:
     """`linear` with its weights packed where that works here; `linear` itself elsewhere."""
-    return PackedLinear(linear, batch_size_hint, one_row_packed) if can_pack(linear) else linear
+    return PackedLinear(linear, batch_size_hint) if can_pack(linear) else linear
 
 
 def pack_linear_layers(model: nn.Module, batch_size_hint: int = BATCH_SIZE_HINT) -> int:

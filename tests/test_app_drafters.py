@@ -10,7 +10,7 @@ import pytest
 
 from app import race_views, views
 from app.drafter_costs import INVITATION, drafter_comparison
-from app.handlers import drafter_controls
+from app.sidebar import drafter_controls
 from app.text import load_steps, render_steps
 from app.tree_figures import mask_figure, tree_figure
 from app_helpers import SMALL_CHOICES, make_ar_run, make_chain_run, make_race, make_run
