@@ -6,13 +6,13 @@ from collections import Counter
 
 import plotly.graph_objects as go
 
+from decoding.race import RaceResult
 from decoding.stats import Timing, round_cost, round_end_times
 from decoding.trace import CostCurve, RunTrace
 
 from . import lanes
 from .figure_style import LAPTOP, Look, base_layout, message_figure
 from .palette import ACCEPTED, AR, MEDUSA, head_colour
-from .race import RaceResult
 
 
 def timeline(trace: RunTrace) -> tuple[list[float], list[int]]:

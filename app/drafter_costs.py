@@ -7,10 +7,10 @@ passes): the argument for Medusa is made on the visitor's run, and where Medusa 
 
 from __future__ import annotations
 
+from decoding.race import RaceResult
 from decoding.trace import DrafterInfo
 
 from . import lanes
-from .race import RaceResult
 from .tokens import md_text
 
 INVITATION = ("*Race with the **draft model** lane ticked (on a model that ships one) and this step puts "

@@ -36,6 +36,7 @@ from decoding import available_drafters
 from decoding.errors import DecodingError
 from decoding.loops import stream
 from decoding.model import LoadedModel
+from decoding.race import RaceResult, default_lanes, race
 from decoding.trace import RunTrace
 
 from . import charts, lanes, race_views, views
@@ -49,7 +50,6 @@ from .inputs import (
     race_lanes,
 )
 from .models import ModelCache, require_offered
-from .race import RaceResult, default_lanes, race
 from .text import Step, render_steps
 
 PUSH_EVERY = 0.25  # seconds between updates of the token stream while a run streams

@@ -14,10 +14,9 @@ from decoding import available_drafters
 from decoding.errors import DecodingError
 from decoding.limits import PAGE_LIMITS, check_page_limits, tree_problem, tree_text_problem
 from decoding.model import LoadedModel
+from decoding.race import DEFAULT_RACES
 from decoding.settings import MAX_EAGLE_NODES, DecodeSettings
 from decoding.tree import Tree
-
-from .race import DEFAULT_RACES
 
 DEFAULTS = DecodeSettings()
 

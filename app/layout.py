@@ -21,6 +21,7 @@ from decoding import available_drafters
 from decoding.assets import ASSETS_DIR
 from decoding.limits import PAGE_LIMITS
 from decoding.prompts import example_prompts
+from decoding.race import DEFAULT_RACES, MAX_RACES, default_lanes
 from decoding.settings import DecodeSettings
 
 from . import handlers, lanes, sidebar
@@ -29,7 +30,6 @@ from .figure_style import MASK_SHARE, SIDEBAR_CLOSED_BELOW, SIDEBAR_PX, message_
 from .gpu import ON_ZERO_GPU, gpu
 from .handlers import Page
 from .models import missing_models, model_choices, warm_up
-from .race import DEFAULT_RACES, MAX_RACES, default_lanes
 from .race_views import RACE_IDLE
 from .text import Step, load_steps, load_text, render_steps
 from .views import learn_banner, learn_figures, model_card, stats_figures, stats_text, stream_view

@@ -16,6 +16,7 @@ from functools import cache
 from pathlib import Path
 
 from decoding.assets import ASSETS_DIR
+from decoding.race import PLAIN, RaceResult
 from decoding.stats import rest_of_round_cost, round_cost, verify_cost
 from decoding.trace import CostCurve, RunTrace
 
@@ -23,7 +24,6 @@ from .charts import acceptance_by_depth
 from .drafter_costs import drafter_comparison
 from .eagle_views import NO_ACCURACY, GuessingAccuracy, after_medusa_values
 from .models import heads_recipe
-from .race import PLAIN, RaceResult
 from .tokens import md_code, md_text
 from .tree_layout import leaf_count
 

@@ -324,7 +324,10 @@ def _mask_hover(tree: TreeTrace, tokens: list[str], row: int, col: int) -> str:
     if tree.mask[row][col]:
         why = "the root" if col == 0 else "its ancestor"
         return f"node {row} '{tokens[row]}' sees node {col} '{tokens[col]}': {why}"
-    return f"node {row} '{tokens[row]}' cannot see node {col} '{tokens[col]}': another branch"
+    # Blocked: either col comes after row on row's own branch (row is its ancestor), or it is on
+    # another branch. Both are hidden, for different reasons.
+    why = "it comes later, below it on its own branch" if tree.mask[col][row] else "another branch"
+    return f"node {row} '{tokens[row]}' cannot see node {col} '{tokens[col]}': {why}"
 
 
 # Short enough for the narrowest mask column (a phone, or the laptop's half row).

@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 from decoding import available_drafters
 from decoding.limits import PAGE_LIMITS
 from decoding.model import LoadedModel
+from decoding.race import RaceResult
 from decoding.stats import round_cost, round_end_times, verify_cost
 from decoding.trace import RoundTrace, RunTrace
 
@@ -22,7 +23,6 @@ from .eagle_figures import guessing_figure, round_tree_figure
 from .eagle_views import NO_ACCURACY, GuessingAccuracy
 from .figure_style import LAPTOP, Look, message_figure
 from .models import describe
-from .race import RaceResult
 from .text import measured_curve, walkthrough_run
 from .tokens import legend_html, md_code, md_text, stream_html
 from .tree_figures import mask_figure
@@ -61,15 +61,18 @@ def run_summary(trace: RunTrace, first_round_after: float | None = None) -> str:
     tokens = len(trace.tokens)
     draft_passes = sum(rnd.draft_passes for rnd in trace.rounds)
     drafter = "EAGLE's draft layer" if trace.settings.method == "eagle" else "the draft model"
-    own = f" + {draft_passes} passes of {drafter}" if draft_passes else ""
+    # The drafter's own passes are passes of a smaller network: counted apart, never added in.
+    own = f", and {draft_passes} passes of {drafter}" if draft_passes else ""
+    added = sum(rnd.accepted_length for rnd in trace.rounds)
+    first = tokens - added  # the prefill's token (0 where a round's tokens were all that was kept)
     if finished(trace):
         timing = f"{trace.total_time:.2f} s measured ({trace.tokens_per_second:.0f} tokens/s)"
     else:  # the total is only read at the end: until then, the clock at the last round
         so_far = round_end_times(trace)[-1]
         timing = f"{so_far:.2f} s so far" + (f" ({tokens / so_far:.0f} tokens/s)" if so_far > 0 else "")
-    return (f"{lanes.title(trace.settings.method)} · **{tokens} tokens in {trace.forward_passes} passes** "
-            f"(1 prefill + {len(trace.rounds)} rounds{own}) · "
-            f"**{trace.mean_accepted:.2f} tokens per pass** · {timing} · {state}{latency}")
+    return (f"{lanes.title(trace.settings.method)} · **{tokens} tokens in {trace.forward_passes} passes "
+            f"of the model**{own}: {first} from the prefill + {added} from {len(trace.rounds)} rounds, "
+            f"**{trace.mean_accepted:.2f} tokens per round** · {timing} · {state}{latency}")
 
 
 def refusal_text(error: Exception, what: str = "run", earlier: bool = False) -> str:

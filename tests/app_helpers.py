@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from app.race import RaceResult
+from decoding.race import RaceResult
 from decoding.trace import DraftedTree, DrafterInfo, RoundTrace, RunSettings, RunTrace, TreeTrace
 
 WORDS = [" the", " of", " and", " to", " a", " her", " was", " in", " it", " she", " not", " be",

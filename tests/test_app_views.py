@@ -8,10 +8,10 @@ import re
 import pytest
 
 from app import race_views, views
-from app.race import RaceFrame
 from app.text import MISSING, PLACEHOLDER, explainer_values, load_steps, load_text, render_steps
 from app.tokens import md_code, visible
 from app_helpers import SMALL_CHOICES, make_ar_run, make_race, make_run
+from decoding.race import RaceFrame
 from decoding.stats import round_end_times
 from decoding.trace import CostCurve
 
@@ -58,9 +58,22 @@ def test_a_run_that_stops_at_the_prefill_says_so_and_promises_no_tree():
     assert "stopped after the prefill" in view.tree.layout.annotations[0].text
 
 
-def test_summary_counts_tokens_and_passes(run):
+SUMMARY_NUMBERS = re.compile(r"(\d+) tokens in (\d+) passes of the model\*\*(?:, and (\d+) passes of [^:]+)?: "
+                             r"(\d+) from the prefill \+ (\d+) from (\d+) rounds, \*\*([\d.]+) tokens per round")
+
+
+def summary_arithmetic_holds(summary: str) -> bool:
+    """The summary's numbers add up as written: tokens = prefill's + rounds', passes = 1 + rounds,
+    tokens per round = the rounds' tokens / rounds (as printed)."""
+    tokens, passes, _, first, added, rounds, per_round = SUMMARY_NUMBERS.search(summary).groups()
+    return (int(tokens) == int(first) + int(added) and int(passes) == 1 + int(rounds)
+            and per_round == f"{int(added) / int(rounds):.2f}")
+
+
+def test_summary_counts_tokens_and_passes_and_its_arithmetic_adds_up(run):
     summary = views.run_summary(run, first_round_after=0.5)
-    assert f"**{len(run.tokens)} tokens in {run.forward_passes} passes**" in summary
+    assert f"**{len(run.tokens)} tokens in {run.forward_passes} passes of the model**" in summary
+    assert summary_arithmetic_holds(summary)
     assert "reached Max new tokens" in summary and "0.50 s after Run" in summary
     assert views.round_label(run) == f"Round (of {len(run.rounds)})"
 
@@ -181,16 +194,25 @@ def test_race_status_says_which_race_lane_and_place_in_the_order_is_running():
     assert "warming up 3 lanes" in race_views.race_status(RaceFrame("warm-up", 3, lanes)).lower()
 
 
-def test_race_status_shows_each_lanes_progress_and_the_time_left():
+def test_race_status_shows_each_lanes_progress_the_time_left_and_who_leads():
     lanes = ["ar", "medusa"]
     first = race_views.race_status(RaceFrame("measuring", 3, lanes, 0, "ar", done={"ar": 0, "medusa": 0}))
-    assert "left" not in first  # nothing measured yet: no guess
+    assert "left" not in first and "leads" not in first  # nothing measured yet: no guess, no leader
     assert "Plain decoding ◐○○ · Medusa ○○○" in first
-    # Race 2 runs medusa first, then plain: 2 of 6 runs done in 10 s, so about 20 s for the other 4.
     status = race_views.race_status(RaceFrame("measuring", 3, lanes, 1, "medusa", done={"ar": 1, "medusa": 1},
-                                              elapsed=10.0))
+                                              left=20.4, leader="medusa", lead=1.234))
     assert "run 3 of 6" in status and "about 20 s left" in status
     assert "Plain decoding ●○○ · Medusa ●◐○" in status
+    assert "So far (1 race): **Medusa** leads at 1.23×" in status
+
+
+def test_the_verdict_reads_its_range_as_printed(run):
+    """A slowest race of 0.998× prints as 1.00×: then no sentence may call every race slower."""
+    from decoding.stats import Spread
+
+    assert "slower" in race_views._range_caveat("Medusa", Spread(0.9, 0.85, 0.994, 3))
+    caveat = race_views._range_caveat("Medusa", Spread(0.9, 0.85, 0.998, 3))
+    assert "slower" not in caveat.replace("slower in others", "") and "reaches 1.0×" in caveat
 
 
 def test_page_texts_live_in_assets():
