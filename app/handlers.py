@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import html
 import json
+import logging
 import tempfile
 import time
 from collections.abc import Iterator
@@ -63,6 +64,7 @@ DOWNLOADS = Path(tempfile.gettempdir()) / "medusa-playground-downloads"
 KEEP_DOWNLOADS = 32
 
 cache = ModelCache()
+LOG = logging.getLogger("medusa_playground")
 
 
 @dataclass
@@ -134,7 +136,10 @@ def toast_text(error: DecodingError) -> str:
 
 
 def refusal(error: DecodingError) -> gr.Error:
-    return gr.Error(toast_text(error))
+    """The error a visitor or API client is shown. A refusal is an answer, not a fault: the
+    server's log gets one line for it instead of Gradio's tracebacks."""
+    LOG.warning("refused: %s", error)
+    return gr.Error(toast_text(error), print_exception=False)
 
 
 def _load(name: str) -> LoadedModel:
