@@ -96,12 +96,16 @@ class RaceResult:
         verify pass: the heads, the draft model's passes or the lookup)."""
         return draft_cost(self.timing(PLAIN), self.timing(lane))
 
-    @property
-    def shown_index(self) -> int:
-        """The race whose focus speedup is the median (the lower of the middle two for an even count)."""
-        speeds = self.speedups(self.focus)
+    def median_index(self, lane: str) -> int:
+        """The race whose speedup for `lane` is the median (the lower of the middle two for an even count)."""
+        speeds = self.speedups(lane)
         order = sorted(range(len(self.races)), key=lambda i: speeds[i])
         return order[(len(order) - 1) // 2]
+
+    @property
+    def shown_index(self) -> int:
+        """The race replayed: the focus drafter's median one."""
+        return self.median_index(self.focus)
 
     @property
     def shown(self) -> dict[str, RunTrace]:

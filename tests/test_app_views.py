@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import re
 
@@ -152,8 +153,34 @@ def test_explainer_is_filled_with_this_runs_and_races_numbers(run):
     assert f"**{run.forward_passes} passes produced {len(run.tokens)} tokens**" in speedup_step
     medusa_s = 0.01 + 3 * 0.0055
     speeds = sorted((0.01 + 8 * s) / medusa_s for s in (0.004, 0.005, 0.003))
-    assert f"median of **{speeds[1]:.2f}×** (range {speeds[0]:.2f}–{speeds[2]:.2f}×)" in speedup_step
+    assert f"that race measured **{speeds[1]:.2f}×**" in speedup_step
+    assert f"ranged {speeds[0]:.2f}–{speeds[2]:.2f}×" in speedup_step
     assert "verify pass alone cost 1.00 plain steps" in speedup_step
+    # Every figure of the step comes from one race, so they divide as written, and the measured
+    # speedup never beats the ceiling it is told against.
+    found = re.search(r"([\d.]+) ÷ ([\d.]+) ≈\s+([\d.]+)×; that race measured \*\*([\d.]+)×.*?"
+                      r"could not beat ([\d.]+) ÷ ([\d.]+) ≈ \*\*([\d.]+)×", speedup_step, re.S)
+    per_round, cost, predicted, measured, per_round_again, verify, ceiling = found.groups()
+    assert per_round == per_round_again and predicted == f"{float(per_round) / float(cost):.2f}"
+    assert ceiling == f"{float(per_round) / float(verify):.2f}" and float(measured) <= float(ceiling)
+
+
+def test_step_one_says_why_its_two_step_times_differ_and_a_busy_race_says_so(run):
+    from decoding.measure import MachineLoad
+
+    race = _race(run, 0.004, 0.005, 0.003)
+    curve = CostCurve(sizes=[1, 2], costs=[1.0, 1.1], step_seconds=0.002, device="cpu", dtype="float32",
+                      threads=2, past=128, measured_at="now", draft_cost=0.0)
+    run.cost_curve = curve
+    quiet = render_steps(load_steps(), run, race)
+    assert "took 2.0× as long" in quiet[0] and "busy" not in quiet[0] + quiet[5]
+    race.loads = [MachineLoad(1.0, 2, 1, 3.0)] * 3
+    race.threads_before = 2
+    busy = render_steps(load_steps(), run, race)
+    assert "other programs kept 1.0 of the 2 cores busy while the race ran" in busy[0]
+    assert "Measured on a busy machine" in busy[5] and "1 thread instead of 2" in busy[5]
+    run.cost_curve = dataclasses.replace(curve, step_seconds=0.0041)  # within 10%: one figure, nothing to explain
+    assert "as long" not in render_steps(load_steps(), run, race)[0]
 
 
 def test_explainer_before_any_run_shows_dashes_not_placeholders():
