@@ -23,6 +23,7 @@ one thread then.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import time
@@ -141,13 +142,16 @@ def torch_threads(threads: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def timed_run(lm: LoadedModel, prompt: str, settings: DecodeSettings) -> RunTrace:
+def timed_run(lm: LoadedModel, prompt: str, settings: DecodeSettings, threads: int | None = None) -> RunTrace:
     """One run to its end, timed on the engine's clock, with the garbage collector run before
-    it rather than during it."""
+    it rather than during it; on `threads` torch threads if given. They are set here, in the
+    thread that runs it: a server may run each step of a generator in another thread of its pool,
+    and a thread that has run torch before keeps the count it started with."""
     gc.collect()
     gc.disable()
     try:
-        return generate(lm, prompt, settings)
+        with torch_threads(threads or torch.get_num_threads()):
+            return generate(lm, prompt, settings)
     finally:
         gc.enable()
 
@@ -163,22 +167,24 @@ class Heat:
 
 
 def heat_steps(lm: LoadedModel, prompt: str, plan: dict[str, DecodeSettings],
-               order: Sequence[str]) -> Iterator[Heat]:
+               order: Sequence[str], threads: int | None = None) -> Iterator[Heat]:
     """Run each of `plan`'s settings once on `prompt`, alone, in `order` (every name in `plan`
-    once). Yields the heat before each run (`running` names it: a page may say so while it waits)
-    and once at the end, with the load. Nothing the consumer does runs while a clock runs."""
+    once), on `threads` torch threads if given. Yields the heat before each run (`running` names
+    it: a page may say so while it waits) and once at the end, with the load. Nothing the
+    consumer does runs while a clock runs."""
     if sorted(order) != sorted(plan):
         raise ValueError(f"the order {list(order)} must name each run of the plan {list(plan)} once")
     heat, meter = Heat(), LoadMeter()
     for name in order:
         heat.running = name
         yield heat
-        heat.runs[name] = timed_run(lm, prompt, plan[name])
-    heat.running, heat.load = None, meter.stop()
+        heat.runs[name] = timed_run(lm, prompt, plan[name], threads)
+    heat.running, heat.load = None, dataclasses.replace(meter.stop(), threads=threads or torch.get_num_threads())
     yield heat
 
 
-def run_heat(lm: LoadedModel, prompt: str, plan: dict[str, DecodeSettings], order: Sequence[str]) -> Heat:
+def run_heat(lm: LoadedModel, prompt: str, plan: dict[str, DecodeSettings], order: Sequence[str],
+             threads: int | None = None) -> Heat:
     """`heat_steps` to its end: the finished heat."""
-    *_, heat = heat_steps(lm, prompt, plan, order)
+    *_, heat = heat_steps(lm, prompt, plan, order, threads)
     return heat

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .errors import DecodingError
-from .measure import LoadMeter, MachineLoad, combined, heat_steps, threads_for_load, timed_run, torch_threads
+from .measure import LoadMeter, MachineLoad, combined, heat_steps, threads_for_load, timed_run
 from .model import LoadedModel
 from .settings import WARM_UP_TOKENS, DecodeSettings
 from .stats import Spread, Timing, draft_cost, speedup, spread
@@ -190,22 +190,21 @@ def race(model: LoadedModel, prompt: str, settings: DecodeSettings, drafters: li
     result = RaceResult(lanes, focus if focus in drafters else drafters[0], threads=threads,
                         threads_before=torch.get_num_threads())
     done, started = dict.fromkeys(lanes, 0), time.perf_counter()
-    with torch_threads(threads):
-        for index in range(races):
-            for heat in heat_steps(model, prompt, methods, lane_order(lanes, index)):
-                if heat.running is None:
-                    break
-                if not result.races:  # until a race ends, a measured run beats the warm-up's guess
-                    expected |= {lane: trace.total_time for lane, trace in heat.runs.items()}
-                leader = result.fastest() if result.races else ""
-                yield RaceFrame("measuring", races, lanes, index, heat.running, done=dict(done),
-                                elapsed=time.perf_counter() - started, left=seconds_left(expected, done, races),
-                                leader=leader, lead=result.spread(leader).median if leader else 0.0)
-                done[heat.running] += 1
-            result.races.append(heat.runs)
-            result.loads.append(heat.load)
-            expected = {lane: Timing.of([race[lane] for race in result.races]).seconds / len(result.races)
-                        for lane in lanes}
+    for index in range(races):
+        for heat in heat_steps(model, prompt, methods, lane_order(lanes, index), threads):
+            if heat.running is None:
+                break
+            if not result.races:  # until a race ends, a measured run beats the warm-up's guess
+                expected |= {lane: trace.total_time for lane, trace in heat.runs.items()}
+            leader = result.fastest() if result.races else ""
+            yield RaceFrame("measuring", races, lanes, index, heat.running, done=dict(done),
+                            elapsed=time.perf_counter() - started, left=seconds_left(expected, done, races),
+                            leader=leader, lead=result.spread(leader).median if leader else 0.0)
+            done[heat.running] += 1
+        result.races.append(heat.runs)
+        result.loads.append(heat.load)
+        expected = {lane: Timing.of([race[lane] for race in result.races]).seconds / len(result.races)
+                    for lane in lanes}
 
     end = max(trace.total_time for trace in result.shown.values())
     pace = replay_pace(end)

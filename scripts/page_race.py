@@ -110,6 +110,10 @@ def threads_under_load(prompts: list[str], model: str, heats: int) -> None:
                     prompt = prompts[index % len(prompts)]
                     order = ["ar", "medusa"] if index % 2 == 0 else ["medusa", "ar"]
                     results[threads].append(run_heat(lm, prompt, plan, order))
+                    heat = results[threads][-1]
+                    print(f"  heat {index + 1}, {threads} thread(s): speedup "
+                          f"{speedup(Timing.of(heat.runs['ar']), Timing.of(heat.runs['medusa'])):.2f}x, "
+                          f"others {heat.load.others:.2f} cores", flush=True)
             for threads, measured in results.items():
                 ar = Timing.of(h.runs["ar"] for h in measured)
                 medusa = Timing.of(h.runs["medusa"] for h in measured)
