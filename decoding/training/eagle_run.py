@@ -20,8 +20,8 @@ import torch
 
 from ..atomic import write_atomically
 from ..errors import DecodingError
+from .base_model import load_base
 from .distill import concat_answers, load_shard, read_shards
-from .recorded_run import _load_base
 from .train_eagle import (
     EagleTrainingSettings,
     Sequence,
@@ -70,7 +70,7 @@ def run_train_eagle(args: argparse.Namespace) -> int:
     if held < 1 or checked < 0 or len(shards) < held + checked + 1:
         raise DecodingError(f"{len(shards)} shards in {', '.join(map(str, args.recorded))}: need at least "
                             f"{held + checked + 1} for {held} held out, {checked} for validation and one to train on")
-    _, base = _load_base(args.model, args.threads)
+    _, base = load_base(args.model, args.threads)
     started = time.time()
     train_shards, heldout_shards = shards[: -held - checked], shards[-held:]
     validation_shards = shards[-held - checked: -held]
