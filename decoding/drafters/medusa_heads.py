@@ -11,6 +11,7 @@ import torch
 
 from ..cost_curve import model_cost_curve
 from ..errors import DecodingError
+from ..features import FINAL_STATE
 from ..model import LoadedModel
 from ..passes import draft
 from ..settings import DecodeSettings
@@ -68,7 +69,7 @@ def adopt_auto_tree(lm: LoadedModel) -> str:
 
 class MedusaHeadsDrafter(Drafter):
     name = "medusa"
-    reads_hidden = True
+    hidden_layers = FINAL_STATE
 
     def __init__(self, lm: LoadedModel, tree: Tree) -> None:
         self.lm, self.tree = lm, tree
