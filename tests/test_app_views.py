@@ -11,7 +11,7 @@ import pytest
 from app import race_views, views
 from app.text import MISSING, PLACEHOLDER, explainer_values, load_steps, load_text, render_steps
 from app.tokens import md_code, visible
-from app_helpers import SMALL_CHOICES, make_ar_run, make_race, make_run
+from app_helpers import SMALL_CHOICES, make_ar_run, make_race, make_run, summary_arithmetic_holds
 from decoding.race import RaceFrame
 from decoding.stats import round_end_times
 from decoding.trace import CostCurve
@@ -57,18 +57,6 @@ def test_a_run_that_stops_at_the_prefill_says_so_and_promises_no_tree():
     assert views.round_label(run) == "Round (no rounds yet)" and views.round_label(None) == "Round (no rounds yet)"
     view = views.round_view(run, 0)
     assert "stopped after the prefill" in view.tree.layout.annotations[0].text
-
-
-SUMMARY_NUMBERS = re.compile(r"(\d+) tokens in (\d+) passes of the model\*\*(?:, and (\d+) passes of [^:]+)?: "
-                             r"(\d+) from the prefill \+ (\d+) from (\d+) rounds, \*\*([\d.]+) tokens per round")
-
-
-def summary_arithmetic_holds(summary: str) -> bool:
-    """The summary's numbers add up as written: tokens = prefill's + rounds', passes = 1 + rounds,
-    tokens per round = the rounds' tokens / rounds (as printed)."""
-    tokens, passes, _, first, added, rounds, per_round = SUMMARY_NUMBERS.search(summary).groups()
-    return (int(tokens) == int(first) + int(added) and int(passes) == 1 + int(rounds)
-            and per_round == f"{int(added) / int(rounds):.2f}")
 
 
 def test_summary_counts_tokens_and_passes_and_its_arithmetic_adds_up(run):
