@@ -38,6 +38,9 @@ MODEL_QUEUE = "model"
 PRIVATE = dict(api_visibility="private")
 MAX_NEW_TOKENS_UI = 256
 PLAY_EVERY = 1.5  # seconds per round when playing; drawing a 64-node round takes most of a second
+# The embedded code model: small enough that its verify pass costs little more than a step on a
+# CPU, and code is predictable, so its heads guess more tokens a pass than a chat model's.
+CODE_MODEL = "stdlib"
 DEFAULT_PROMPTS = ["It was a fine morning, and Elizabeth", "My dear Emma, said Mr. Knightley,"]
 DEFAULTS = DecodeSettings()
 # Where each explainer step points: (tab id, element id, button label).
@@ -133,7 +136,12 @@ def build_demo() -> gr.Blocks:
                     with gr.Column(min_width=120, scale=0, elem_id="run-buttons"):
                         run_btn = gr.Button("Run", variant="primary", elem_id="run-button", size="md")
                         race_btn = gr.Button("Race vs plain", elem_id="race-button", size="md")
-        model_md = gr.Markdown(model_card(model), elem_id="model-card")
+        with gr.Row(elem_id="model-row"):
+            model_md = gr.Markdown(model_card(model), elem_id="model-card")
+            code = next(((p, m) for p, m in examples if m == CODE_MODEL), None)
+            try_code = gr.Button(f"Where Medusa's gain is clear on a CPU: the code model ({CODE_MODEL}) →",
+                                 size="sm", scale=0, min_width=260, elem_id="try-code",
+                                 visible=code is not None and default != CODE_MODEL)
 
         with gr.Tabs(elem_id="results") as tabs:
             with gr.Tab("Playground", id="playground"):
@@ -172,6 +180,8 @@ def build_demo() -> gr.Blocks:
         _wire_runs(page, run_btn, race_btn)
         _wire_rounds(page)
         _wire_settings(page, model_dd, current_model, model_md, example_dd, examples, drafter["tree_status"])
+        if code is not None:  # one click: its example prompt and its model (the menu's change loads it)
+            try_code.click(lambda: code, None, [prompt, model_dd], **PRIVATE)
         demo.load(None, None, width, js=ON_LOAD, **PRIVATE)
         tabs.change(None, js=RESIZE_PLOTS, **PRIVATE)
         projector.change(None, projector, None, js=TOGGLE_PROJECTOR, **PRIVATE)

@@ -17,6 +17,7 @@ from decoding.model import LoadedModel
 from decoding.race import RaceResult
 from decoding.stats import round_cost, round_end_times, verify_cost
 from decoding.trace import RoundTrace, RunTrace
+from decoding.tree_choice import choose_tree
 
 from . import charts, eagle_views, lanes
 from .eagle_figures import guessing_figure, round_tree_figure
@@ -37,7 +38,20 @@ def model_card(model: LoadedModel) -> str:
     drafters = ", ".join(label for label, _ in lanes.choices(available_drafters(model), short=True))
     return (f"**{md_text(describe(model.name))}** · {model.num_heads} heads · {model.device} · "
             f"{str(model.dtype).removeprefix('torch.')} · context {model.context_length} tokens · "
-            f"guesses from: {drafters}")
+            f"guesses from: {drafters}{expectation(model)}")
+
+
+def expectation(model: LoadedModel) -> str:
+    """What Medusa can show on this model and machine, before anything runs: the tokens a pass its
+    heads' held-out accuracy promises, over what a pass of the tree chosen by it costs here
+    (measured when the model loaded). Empty where either was not measured."""
+    if model.head_accuracy is None or model.cost_curve is None:
+        return ""
+    choice = choose_tree(model.head_accuracy, model.cost_curve)
+    return (f"  \n**What to expect here:** Medusa's heads guess about {choice.expected_tokens:.2f} tokens a pass "
+            f"(their held-out accuracy), and a round over its {choice.nodes + 1}-node tree costs "
+            f"{choice.pass_cost + choice.draft_cost:.2f} one-token steps on this machine (measured when the model "
+            f"loaded): about **{choice.estimated_speedup:.2f}× at best**, before the noise of a real run.")
 
 
 # ----------------------------------------------------------------------------- the playground

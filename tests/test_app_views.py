@@ -328,3 +328,21 @@ def test_a_refusal_says_what_is_wrong_and_whether_the_figures_are_still_the_last
     assert "still your last run" in views.refusal_text(error, earlier=True)
     assert "still your last race" in views.refusal_text(error, "raced", earlier=True)
     assert "&lt;img" in views.refusal_text(ValueError("<img src=x>"))
+
+
+def test_near_run_the_page_says_what_this_machine_can_show_from_what_it_measured():
+    from types import SimpleNamespace
+
+    from decoding.tree_choice import choose_tree
+
+    curve = CostCurve(sizes=[1, 2, 4, 8], costs=[1.0, 1.05, 1.2, 1.6], step_seconds=0.05, device="cpu",
+                      dtype="float32", threads=2, past=128, measured_at="now", draft_cost=0.05)
+    accuracy = [[0.6, 0.1], [0.4, 0.05]]
+    model = SimpleNamespace(head_accuracy=accuracy, cost_curve=curve)
+    said = views.expectation(model)
+    choice = choose_tree(accuracy, curve)
+    assert f"about {choice.expected_tokens:.2f} tokens a pass" in said
+    assert f"{choice.pass_cost + choice.draft_cost:.2f} one-token steps" in said
+    assert f"**{choice.estimated_speedup:.2f}× at best**" in said
+    assert views.expectation(SimpleNamespace(head_accuracy=None, cost_curve=curve)) == ""
+    assert views.expectation(SimpleNamespace(head_accuracy=accuracy, cost_curve=None)) == ""
