@@ -33,10 +33,12 @@ from .models import missing_models, model_choices, warm_up
 from .race_views import RACE_IDLE
 from .text import Step, load_steps, load_text, render_steps
 from .views import learn_banner, learn_figures, model_card, stats_figures, stats_text, stream_view
+from .waiting import BOARD
 
 MODEL_QUEUE = "model"
 PRIVATE = dict(api_visibility="private")
 MAX_NEW_TOKENS_UI = 256
+WAITING_EVERY = 2.0  # seconds between a page's looks at what the model is busy with
 PLAY_EVERY = 1.5  # seconds per round when playing; drawing a 64-node round takes most of a second
 # The embedded code model: small enough that its verify pass costs little more than a step on a
 # CPU, and code is predictable, so its heads guess more tokens a pass than a chat model's.
@@ -136,6 +138,7 @@ def build_demo() -> gr.Blocks:
                     with gr.Column(min_width=120, scale=0, elem_id="run-buttons"):
                         run_btn = gr.Button("Run", variant="primary", elem_id="run-button", size="md")
                         race_btn = gr.Button("Race vs plain", elem_id="race-button", size="md")
+                waiting_md = gr.Markdown("", elem_id="waiting")
         with gr.Row(elem_id="model-row"):
             model_md = gr.Markdown(model_card(model), elem_id="model-card")
             code = next(((p, m) for p, m in examples if m == CODE_MODEL), None)
@@ -178,6 +181,10 @@ def build_demo() -> gr.Blocks:
             **{k: v for k, v in race_tab.items() if k not in ("races", "lanes")},
         )
         _wire_runs(page, run_btn, race_btn)
+        # Outside the queue: a waiting visitor's page asks every few seconds what the model is busy
+        # with, and those questions must neither wait behind the model nor fill the queue.
+        gr.Timer(WAITING_EVERY).tick(_waiting_notice, None, waiting_md, queue=False, show_progress="hidden",
+                                     **PRIVATE)
         _wire_rounds(page)
         _wire_settings(page, model_dd, current_model, model_md, example_dd, examples, drafter["tree_status"])
         if code is not None:  # one click: its example prompt and its model (the menu's change loads it)
@@ -244,10 +251,16 @@ def _handler(fn: Callable, page: Page) -> Callable[[dict], dict]:
     return handler
 
 
-def _streaming(fn: Callable, page: Page) -> Callable[[dict], Iterator[dict]]:
-    def handler(values: dict) -> Iterator[dict]:
-        yield from fn(page, values)
+def _streaming(fn: Callable, page: Page) -> Callable[[dict, gr.Request], Iterator[dict]]:
+    """`fn(page, values, session)` as a streaming event handler; the session tells this page's own
+    model work from another visitor's (app/waiting.py)."""
+    def handler(values: dict, request: gr.Request) -> Iterator[dict]:
+        yield from fn(page, values, request.session_hash or "")
     return handler
+
+
+def _waiting_notice(request: gr.Request) -> str:
+    return BOARD.notice(request.session_hash or "")
 
 
 def _wire_runs(page: Page, run_btn: gr.Button, race_btn: gr.Button) -> None:

@@ -40,6 +40,15 @@ def race_status(frame: RaceFrame) -> str:
             "in an order that rotates from race to race.")
 
 
+def waiting_text(frame: RaceFrame) -> str:
+    """The race as another visitor's page tells it while they wait: which race, who leads."""
+    names = ", ".join(lanes.title(lane) for lane in frame.lanes)
+    where = {"warm-up": "warming up", "measuring": f"race {frame.finished + 1} of {frame.races}",
+             "replaying": "replaying", "done": "done"}[frame.phase]
+    lead = f"; {lanes.title(frame.leader)} leads at {frame.lead:.2f}×" if frame.leader else ""
+    return f"race ({names}: {where}{lead})"
+
+
 def _leader(frame: RaceFrame) -> str:
     """Who is ahead after the races measured so far."""
     if not frame.leader:
