@@ -128,7 +128,12 @@ def run_race(page, races: int | None = None, timeout_ms: int = 300_000) -> str:
         count = page.locator("#race-count input[type=number]")
         count.fill(str(races))
         count.press("Enter")
+    before = page.locator("#race-summary").inner_text()
     page.click("#race-button")
+    # A new race: its first frame replaces the last race's status and clears its verdict.
+    page.wait_for_function(
+        """(before) => !document.querySelector('#race-status')?.innerText.includes('Done')
+             || document.querySelector('#race-summary')?.innerText !== before""", arg=before, timeout=timeout_ms)
     page.wait_for_function(
         "document.querySelector('#race-status')?.innerText.includes('Done')", timeout=timeout_ms)
     return page.locator("#race-summary").inner_text()

@@ -335,3 +335,14 @@ def test_the_masks_hover_gives_each_cells_reason_from_the_trees_shape():
             else:
                 assert text.endswith("another branch"), (row, col, text)
     assert hover[0][1].endswith("comes later, below it on its own branch")
+
+
+def test_the_end_of_text_token_is_a_marker_not_raw_text():
+    run = make_run(SMALL_CHOICES, accepted_leaves=[3, 0])
+    run.rounds[-1].emitted_texts[-1] = "<|im_end|>"
+    run.stop_reason = "eos"
+    html_out = stream_html(run)
+    assert "<|im_end|>" not in html_out and "&lt;|im_end|&gt;" in html_out  # in the hover only
+    assert html_out.count("tok-end") == 1 and "⏹ end of text" in html_out
+    run.stop_reason = "max_new_tokens"  # a token that only looks like it, mid-run, stays as it is
+    assert "tok-end" not in stream_html(run)
