@@ -134,3 +134,28 @@ def test_a_folder_refuses_another_recordings_settings(model, tmp_path):
     _record(model, tmp_path, TEXTS[:5])
     with pytest.raises(DecodingError, match="other model"):
         record(model, _Tokenizer(), TEXTS[:5], tmp_path, RecordingSettings(MAX_NEW, 4, 5), {"model": "other"})
+
+
+def test_a_recording_trains_a_fused_eagle_head_that_decodes_losslessly(tiny_dirs, tmp_path, capsys):
+    """record -> train-eagle -> the saved EAGLE-3 head loads beside the model and writes plain decoding's text."""
+    from decoding import DecodeSettings, generate, load_model
+    from decoding.cli import main
+
+    folder = tiny_dirs["llama"]
+    base = load_model(folder, device="cpu", dtype="float32", with_draft=False, with_eagle=False, self_test=False)
+    texts = [f"the quick brown fox number {i} jumps over {'the lazy dog ' * (i % 3)}" for i in range(20)]
+    settings = RecordingSettings(max_new_tokens=MAX_NEW, batch_size=6, shard_size=5)
+    record(base.model, _Tokenizer(), texts, tmp_path / "recording", settings, {"model": "tiny"})
+    out = tmp_path / "eagle"
+    assert main(["train-eagle", "--model", str(folder), "--recorded", str(tmp_path / "recording"), "--out", str(out),
+                 "--heldout-shards", "1", "--validation-shards", "1", "--epochs", "2", "--unroll", "2",
+                 "--draft-vocab-size", "64", "--threads", "1"]) == 0
+    assert "held out" in capsys.readouterr().out
+    saved = json.loads((out / "eagle_config.json").read_text())
+    assert saved["feature_layers"] == list(feature_layers(2)[:-1])
+    assert saved["training"]["answer_tokens"]["train"] > 0 and len(saved["heldout"]["top1"]) == 6
+    lm = load_model(folder, device="cpu", dtype="float32", with_draft=False, eagle=str(out))
+    assert lm.eagle.fuse is not None
+    prompt = "It is a truth universally"
+    eagle = generate(lm, prompt, DecodeSettings(method="eagle", max_new_tokens=24, eagle_nodes=8))
+    assert eagle.tokens == generate(lm, prompt, DecodeSettings(method="ar", max_new_tokens=24)).tokens

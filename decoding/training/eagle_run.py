@@ -16,8 +16,11 @@ import json
 import time
 from pathlib import Path
 
+import torch
+
 from ..errors import DecodingError
 from .base_model import load_base
+from .recorded import coverage
 from .recording import finished_shards, load_shard
 from .train_eagle import (
     EagleTrainingSettings,
@@ -83,6 +86,10 @@ def run_train_eagle(args: argparse.Namespace) -> int:
             parts[name], text_layers = read_sequences(group, settings.fused)
     features_seconds = time.time() - started
     head = new_eagle_head(base, parts["train"], settings, text_layers if settings.fused else None)
+    answer_tokens = lambda group: torch.cat([s.tokens[s.answer_start:] for s in group])  # noqa: E731
+    covered = coverage(answer_tokens(parts["heldout"]), head.draft_vocab)
+    print(f"{sum(len(answer_tokens(g)) for g in parts.values()):,} answer tokens; the draft vocabulary of "
+          f"{len(head.draft_vocab):,} tokens covers {covered:.1%} of the held-out answers' tokens")
     args.out.mkdir(parents=True, exist_ok=True)
     record, kept = fit_eagle(head, base, parts["train"], parts.get("validation", []), settings, args.out, args.resume)
     rows = draft_rows(head, base)
@@ -96,6 +103,7 @@ def run_train_eagle(args: argparse.Namespace) -> int:
                      "answer_tokens": {name: count(group) for name, group in parts.items()},
                      "shards": {name: [str(p) for p in group] for name, group in groups.items()},
                      "reading_seconds": round(features_seconds, 1),
+                     "draft_vocab_coverage_heldout": round(covered, 4),
                      "training_seconds": round(training_time(record), 1),
                      "epochs": record, "kept_epoch": kept},
     })

@@ -32,6 +32,7 @@ from .batches import cut_at_stop, pad_batch
 from .questions import QUESTIONS_FILE, build_questions, read_questions
 from .recorder import ContinuousBatcher
 from .recording import RecordingSettings, finished_shards, record
+from .self_instruct import self_instruct_questions
 
 
 def default_recording_dir(model: str, questions: Path) -> Path:
@@ -43,10 +44,20 @@ def add_questions_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=QUESTIONS_FILE, help="the JSON file to write")
     parser.add_argument("--templates", type=int, default=12000, help="how many template instructions to add")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--self-instruct", type=int, default=0,
+                        help="also this many questions the model (--model) writes itself, sampled")
+    parser.add_argument("--model", default=None, help="with --self-instruct: the chat model that writes them")
+    parser.add_argument("--threads", type=int, default=None)
 
 
 def run_questions(args: argparse.Namespace) -> int:
-    questions = build_questions(args.templates, args.seed)
+    written = []
+    if args.self_instruct:
+        if not args.model:
+            raise DecodingError("--self-instruct needs --model: the chat model that writes the questions")
+        tokenizer, model = load_base(args.model, args.threads)
+        written = self_instruct_questions(model, tokenizer, args.self_instruct, args.seed)
+    questions = build_questions(args.templates, args.seed, written)
     counts: dict[str, int] = {}
     for q in questions:
         counts[q["source"]] = counts.get(q["source"], 0) + 1
