@@ -267,7 +267,9 @@ def _wire_runs(page: Page, run_btn: gr.Button, race_btn: gr.Button) -> None:
     after = dict(fn=_handler(handlers.after_run, page),
                  inputs={page.run_state, page.race_state, page.projector, page.width},
                  outputs=page.after_run(), **PRIVATE)
-    model_work = dict(concurrency_id=MODEL_QUEUE, concurrency_limit=1, show_progress="minimal", **PRIVATE)
+    # No progress animation: the run's summary and the race's status line say where they are, and
+    # Gradio's ticking timers kept the browser drawing on the cores the measured runs need.
+    model_work = dict(concurrency_id=MODEL_QUEUE, concurrency_limit=1, show_progress="hidden", **PRIVATE)
     run_outputs = [page.tabs, page.run_state, *page.playground()]
     for trigger in (run_btn.click, page.request["prompt"].submit):
         trigger(gpu(_streaming(handlers.run_drafter, page)), page.inputs(), run_outputs, **model_work).then(**after)
