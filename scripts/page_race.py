@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from scripts.screenshots import LAPTOP, browser_page, open_app, running_app
+from scripts.screenshots import LAPTOP, STARTUP_SECONDS, browser_page, open_app, running_app
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADLINE = re.compile(r"Medusa: ([\d.]+)× the speed of plain decoding")
@@ -56,7 +56,8 @@ def page_races(prompts: list[str], busy: bool) -> list[dict]:
     from scripts.screenshots import run_race
 
     rows = []
-    with running_app() as url, sync_playwright() as playwright, browser_page(playwright, LAPTOP) as page:
+    with running_app(timeout=STARTUP_SECONDS) as url, sync_playwright() as playwright, \
+            browser_page(playwright, LAPTOP) as page:
         open_app(page, url)
         for prompt in prompts:
             page.locator("#prompt textarea").fill(prompt)
