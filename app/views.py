@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 
 from decoding import available_drafters
+from decoding.cost_curve import NOISY_SPREAD
 from decoding.limits import PAGE_LIMITS
 from decoding.model import LoadedModel
 from decoding.race import RaceResult
@@ -47,11 +48,14 @@ def expectation(model: LoadedModel) -> str:
     (measured when the model loaded). Empty where either was not measured."""
     if model.head_accuracy is None or model.cost_curve is None:
         return ""
-    choice = choose_tree(model.head_accuracy, model.cost_curve)
+    curve = model.cost_curve
+    choice = choose_tree(model.head_accuracy, curve)
+    noisy = (f"; the machine was busy then, its repeats {curve.spread:.0%} apart, so this is rough"
+             if curve.spread > NOISY_SPREAD else "")
     return (f"  \n**What to expect here:** Medusa's heads guess about {choice.expected_tokens:.2f} tokens a pass "
             f"(their held-out accuracy), and a round over its {choice.nodes + 1}-node tree costs "
             f"{choice.pass_cost + choice.draft_cost:.2f} one-token steps on this machine (measured when the model "
-            f"loaded): about **{choice.estimated_speedup:.2f}× at best**, before the noise of a real run.")
+            f"loaded{noisy}): about **{choice.estimated_speedup:.2f}× at best**, before the noise of a real run.")
 
 
 # ----------------------------------------------------------------------------- the playground

@@ -344,5 +344,8 @@ def test_near_run_the_page_says_what_this_machine_can_show_from_what_it_measured
     assert f"about {choice.expected_tokens:.2f} tokens a pass" in said
     assert f"{choice.pass_cost + choice.draft_cost:.2f} one-token steps" in said
     assert f"**{choice.estimated_speedup:.2f}× at best**" in said
+    assert "busy" not in said
+    noisy = SimpleNamespace(head_accuracy=accuracy, cost_curve=dataclasses.replace(curve, spread=0.6))
+    assert "the machine was busy then, its repeats 60% apart" in views.expectation(noisy)
     assert views.expectation(SimpleNamespace(head_accuracy=None, cost_curve=curve)) == ""
     assert views.expectation(SimpleNamespace(head_accuracy=accuracy, cost_curve=None)) == ""
