@@ -130,7 +130,8 @@ def run_race(page, races: int | None = None, timeout_ms: int = 300_000) -> str:
         count = page.locator("#race-count input[type=number]")
         count.fill(str(races))
         count.press("Enter")
-    before = page.locator("#race-summary").inner_text()
+    # The Race tab may never have been opened: its verdict is then not in the page yet.
+    before = page.evaluate("document.querySelector('#race-summary')?.innerText ?? ''")
     page.click("#race-button")
     # A new race: its first frame replaces the last race's status and clears its verdict.
     page.wait_for_function(
