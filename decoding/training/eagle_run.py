@@ -57,6 +57,7 @@ def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--validation-shards", type=int, default=1, help="shards before those, to choose the epoch")
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda: where the head trains")
     for field in dataclasses.fields(EagleTrainingSettings):
         kind = type(getattr(defaults, field.name))
         if kind is bool:
@@ -75,7 +76,7 @@ def run_train_eagle(args: argparse.Namespace) -> int:
     if held < 1 or checked < 0 or len(shards) < held + checked + 1:
         raise DecodingError(f"{len(shards)} shards in {', '.join(map(str, args.recorded))}: need at least "
                             f"{held + checked + 1} for {held} held out, {checked} for validation and one to train on")
-    _, base = load_base(args.model, args.threads)
+    _, base = load_base(args.model, args.threads, device=args.device, dtype=torch.float32)
     started = time.time()
     train_shards, heldout_shards = shards[: -held - checked], shards[-held:]
     validation_shards = shards[-held - checked: -held]

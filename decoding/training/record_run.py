@@ -75,6 +75,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                         help="rows decoded together (a finished row takes the next question at once)")
     parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (the model in bfloat16 there)")
 
 
 def add_record_arguments(parser: argparse.ArgumentParser) -> None:
@@ -97,7 +98,7 @@ def run_record(args: argparse.Namespace) -> int:
               limit=args.limit, threads=args.threads)
     questions = read_questions(args.questions)[: args.limit]
     out = args.out or default_recording_dir(args.model, args.questions)
-    tokenizer, model = load_base(args.model, args.threads, batch_size_hint=args.batch_size)
+    tokenizer, model = load_base(args.model, args.threads, batch_size_hint=args.batch_size, device=args.device)
     settings = RecordingSettings(args.max_new_tokens, args.batch_size, args.shard_size)
     started = time.perf_counter()
     tokens = record(model, tokenizer, questions, out, settings,
@@ -121,7 +122,7 @@ def _tokens_per_second(answer, questions) -> tuple[int, float]:
 
 def run_record_bench(args: argparse.Namespace) -> int:
     _positive(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, count=args.count, threads=args.threads)
-    tokenizer, model = load_base(args.model, args.threads, batch_size_hint=args.batch_size)
+    tokenizer, model = load_base(args.model, args.threads, batch_size_hint=args.batch_size, device=args.device)
     texts = read_questions(args.questions)[-args.count:]  # the list's end: answered last by `record`
     questions = [(i, chat_prompt_ids(tokenizer, t)) for i, t in enumerate(texts)]
     stop_ids = stop_token_ids(model.generation_config)

@@ -122,7 +122,7 @@ class _SharedCache:
         width = other_mask.shape[1]
         if width > self.length:
             self.pad_left(width - self.length)
-        index = torch.tensor(rows)
+        index = torch.tensor(rows, device=self.mask.device)
         for layer, new in zip(self.cache.layers, other.layers, strict=True):
             layer.keys[index, :, -width:] = new.keys
             layer.values[index, :, -width:] = new.values
@@ -154,18 +154,20 @@ class ContinuousBatcher:
         self.refill_at = max(1, round(batch_size * refill_share))
         self.layers = feature_layers(model.config.get_text_config(decoder=True).num_hidden_layers)
         self.cache_argument = _cache_argument(model)
+        self.device = next(model.parameters()).device
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: DynamicCache):
         return self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                           **{self.cache_argument: cache}, use_cache=True, output_hidden_states=True)
 
     def _kept_features(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """(batch, seq, layers, hidden) float16: the kept layers' states."""
-        return torch.stack([hidden_states[i] for i in self.layers], dim=2).half()
+        """(batch, seq, layers, hidden) float16, in the CPU's memory: the kept layers' states."""
+        return torch.stack([hidden_states[i] for i in self.layers], dim=2).half().cpu()
 
     def _take_token(self, row: _Row, logits: torch.Tensor, feature: torch.Tensor) -> int:
         """Record the state and guesses at a row's newest position and append its greedy token."""
         top_logits, top_ids = logits.float().topk(TOP_K_LOGITS)
+        top_logits, top_ids = top_logits.cpu(), top_ids.cpu()
         token = int(top_ids[0])  # topk sorts, so its first is the argmax
         row.answer.append(token)
         row.features.append(feature)
@@ -180,6 +182,7 @@ class ContinuousBatcher:
                                                                          list[int]]:
         """Newcomers' prompts in one left-padded pass: their rows (first token taken), cache, mask."""
         ids, mask = pad_batch([prompt for _, prompt in questions], self.pad_id, side="left")
+        ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
         cache = DynamicCache()
         out = self._forward(ids, mask, positions, cache)
@@ -203,8 +206,8 @@ class ContinuousBatcher:
             return
         shared = _SharedCache(cache, mask)
         slots: list[_Row | None] = list(rows)
-        next_tokens = torch.tensor(tokens)
-        positions = torch.tensor([len(row.prompt) for row in rows])
+        next_tokens = torch.tensor(tokens, device=self.device)
+        positions = torch.tensor([len(row.prompt) for row in rows], device=self.device)
         while True:
             for b, row in enumerate(slots):
                 if row is not None and self._done(row):
@@ -224,7 +227,7 @@ class ContinuousBatcher:
             if not waiting and free:
                 # No question left to fill them: stop computing the empty rows.
                 live = [b for b, row in enumerate(slots) if row is not None]
-                shared.keep_rows(torch.tensor(live))
+                shared.keep_rows(torch.tensor(live, device=self.device))
                 slots = [slots[b] for b in live]
                 next_tokens, positions = next_tokens[live], positions[live]
             shared.trim_left()
