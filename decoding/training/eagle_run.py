@@ -1,6 +1,6 @@
 """The command line of `train-eagle`: an EAGLE draft head from a recording of the model's answers.
 
-    python -m decoding train-eagle --model smollm2 --recorded ~/.cache/medusa-playground/recordings/smollm2-chat \\
+    python -m decoding train-eagle --model smollm2 --recorded assets/recordings/smollm2-chat \\
         --heldout-shards 2 --validation-shards 1 --out assets/models/smollm2/eagle
 
 The shards are split as `train-heads --recorded` splits them (the last `--heldout-shards` held out,
@@ -51,7 +51,8 @@ def _feature_layers(path: Path) -> list[int]:
 def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = EagleTrainingSettings()
     parser.add_argument("--model", required=True, help="the base chat model: wheel model name, folder or hub id")
-    parser.add_argument("--recorded", type=Path, nargs="+", required=True, help="recording folders (`record`)")
+    parser.add_argument("--recorded", type=Path, nargs="+", required=True,
+                        help="recordings' answer folders (`record`); their features are read from the cache folder")
     parser.add_argument("--out", type=Path, required=True, help="folder for eagle_config.json and eagle.safetensors")
     parser.add_argument("--heldout-shards", type=int, default=2, help="last shards kept out, for the card")
     parser.add_argument("--validation-shards", type=int, default=1, help="shards before those, to choose the epoch")

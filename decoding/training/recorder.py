@@ -139,6 +139,30 @@ def _cache_argument(model: PreTrainedModel) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+@torch.inference_mode()
+def recorded_from_tokens(model: PreTrainedModel, answered: Sequence[tuple[int, list[int], list[int]]],
+                         batch_size: int = 16) -> list[Recorded]:
+    """The records of answers already written, (question, prompt, answer) token ids, rebuilt by
+    batched passes over prompt + answer: the features and top-k logits `ContinuousBatcher` keeps,
+    to rounding (a pass over many positions sums in another order than a step)."""
+    layers = feature_layers(model.config.get_text_config(decoder=True).num_hidden_layers)
+    device = next(model.parameters()).device
+    out = []
+    for start in range(0, len(answered), batch_size):
+        chunk = answered[start: start + batch_size]
+        # The last answer token is never read: its state would choose what follows the answer.
+        ids, mask = pad_batch([prompt + answer[:-1] for _, prompt, answer in chunk], 0, side="right")
+        result = model(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True,
+                       use_cache=False)
+        states = torch.stack([result.hidden_states[i] for i in layers], dim=2).half().cpu()
+        for b, (question, prompt, answer) in enumerate(chunk):
+            length = len(prompt) + len(answer) - 1
+            top_logits, top_ids = result.logits[b, len(prompt) - 1: length].float().topk(TOP_K_LOGITS)
+            out.append(Recorded(question, prompt, answer, states[b, :length].clone(), top_ids.int().cpu(),
+                                top_logits.half().cpu()))
+    return out
+
+
 class ContinuousBatcher:
     """Greedy answers to `questions` (prompt token ids), `batch_size` decoded at a time.
 

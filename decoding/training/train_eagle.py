@@ -1,7 +1,6 @@
 """Training an EAGLE draft head on recorded answers, with the base model frozen.
 
-    python -m decoding train-eagle --model smollm2 --recorded ~/.cache/medusa-playground/recordings/smollm2-chat \
-        --out eagle/
+    python -m decoding train-eagle --model smollm2 --recorded assets/recordings/smollm2-chat --out eagle/
 
 The recording (`record`, recording.py) holds the model's own greedy answers and, at every position
 j of prompt + answer, the base model's states there: the final normed state f_j (what its lm_head
