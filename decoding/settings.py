@@ -134,6 +134,9 @@ class DecodeSettings:
             if name == "temperature" and self.acceptance == "greedy":
                 continue  # greedy decoding never reads it
             setattr(self, name, setting.check(getattr(self, name)))
+        if not isinstance(self.tree, str | list | tuple | None):
+            raise DecodingError(f"tree must be a name or a list of paths such as [[0], [0, 0], [1]], "
+                                f"not a {type(self.tree).__name__}")
         if not isinstance(self.options, dict):
             raise DecodingError(f"options must be a dict of a drafter's settings by name, not {self.options!r}")
         if self.time_limit is not None:

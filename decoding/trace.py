@@ -19,6 +19,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import DecodingError
+from .settings import DecodeSettings
+
 
 @dataclass
 class TreeTrace:
@@ -75,7 +78,7 @@ class DraftedTree:
 class DrafterInfo:
     """Where a run's guesses came from, and what that costs in memory (see drafters/)."""
 
-    name: str  # "medusa", "draft-model" or "prompt-lookup"
+    name: str  # the drafter's name (see drafters/)
     description: str
     parameters: int  # the drafter's trained parameters: heads, or a whole second model; 0 for lookup
     weight_bytes: int
@@ -203,27 +206,9 @@ def _round_from_dict(data: dict[str, Any]) -> RoundTrace:
     return RoundTrace(**data)
 
 
-@dataclass
-class RunSettings:
-    """What the user asked for; enough to reproduce the run."""
-
-    method: str  # "ar", or the drafter: "medusa", "eagle", "draft-model" or "prompt-lookup"
-    max_new_tokens: int
-    acceptance: str  # "greedy", "typical" or "sample"
-    temperature: float
-    top_p: float
-    epsilon: float
-    delta: float
-    seed: int | None
-    tree: str | None
-    num_heads: int | None
-    draft_tokens: int | None = None
-    draft_top_k: int | None = None
-    lookup_tokens: int | None = None
-    lookup_ngram: int | None = None
-    eagle_depth: int | None = None
-    eagle_top_k: int | None = None
-    eagle_nodes: int | None = None  # None: chosen each round by the cost curve
+# The settings a run was asked for, as its trace records them: the same type, with the tree it
+# verified and its drafter's own options filled in (see loops.py).
+RunSettings = DecodeSettings
 
 
 @dataclass
@@ -316,8 +301,15 @@ class RunTrace:
     def from_dict(cls, data: dict[str, Any]) -> RunTrace:
         """The trace `to_dict` wrote; one saved before a field was renamed reads too."""
         names = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(data, dict):
+            raise DecodingError(f"a trace is a JSON object, not {type(data).__name__}")
+        missing = [f.name for f in dataclasses.fields(cls)
+                   if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+                   and f.name not in data]
+        if missing:
+            raise DecodingError(f"not a trace: it has no {', '.join(missing)}")
         fields = {k: v for k, v in data.items() if k in names}
-        fields["settings"] = RunSettings(**fields["settings"])
+        fields["settings"] = DecodeSettings(**fields["settings"])
         if fields.get("tree") is not None:
             fields["tree"] = TreeTrace(**fields["tree"])
         if fields.get("drafter") is not None:

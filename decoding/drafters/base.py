@@ -97,6 +97,7 @@ class Drafter(ABC):
     guess_name: ClassVar[str] = "guess"  # what its d-th guess is called: "head" (head 2), "copy" (copy 2)
     colour: ClassVar[str] = "#6B7280"  # its lane's colour on every figure
     settings: ClassVar[tuple[Setting, ...]] = ()  # the settings it owns, with defaults and limits
+    takes_tree: ClassVar[bool] = False  # whether the run's `tree` setting chooses its tree (Medusa's)
     # `--NAME SOURCE` on the command line: where what it drafts with comes from (empty: no such flag).
     source_help: ClassVar[str] = ""
     # transformers' own decoder doing the same, for bench's comparison (empty: none).

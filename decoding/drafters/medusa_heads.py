@@ -80,6 +80,7 @@ class MedusaHeadsDrafter(Drafter):
     colour = "#4F46E5"
     settings = (Setting("num_heads", None, 1, MAX_HEADS, "use only the first n heads (cuts the tree to depth n)",
                         unset="all the model's heads", label="Heads to use"),)
+    takes_tree = True
     reads_hidden = True
 
     @classmethod
