@@ -42,6 +42,7 @@ from . import charts, lanes, race_views, views
 from .eagle_views import GuessingAccuracy
 from .figure_style import Look
 from .inputs import (
+    PAGE_UNSET,
     RunRequest,
     decode_settings,
     describe_tree,
@@ -104,7 +105,7 @@ class Page:
         return {*self.request.values(), self.projector, self.width, self.run_state, self.race_state}
 
     def read(self, values: dict[Component, object]) -> RunRequest:
-        return RunRequest(**{name: values[component] for name, component in self.request.items()})
+        return RunRequest.of(**{name: values[component] for name, component in self.request.items()})
 
     def look(self, values: dict[Component, object]) -> Look:
         return look_of(values[self.projector], values[self.width])
@@ -360,7 +361,7 @@ def switch_model(name: str, previous: str, method: str) -> tuple:
         return (previous, previous, *[gr.skip()] * 6)
     drafters = available_drafters(model)
     return (gr.skip(), name, views.model_card(model),
-            gr.Slider(maximum=model.num_heads, value=model.num_heads),
+            gr.Slider(maximum=model.num_heads, value=PAGE_UNSET),
             gr.Dropdown(choices=list(model.trees), value=model.default_tree),
             format_choices(model.trees[model.default_tree]),
             gr.Radio(choices=lanes.choices(drafters), value=method if method in drafters else drafters[0]),

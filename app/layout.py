@@ -36,7 +36,6 @@ from .views import learn_banner, learn_figures, model_card, stats_figures, stats
 
 MODEL_QUEUE = "model"
 PRIVATE = dict(api_visibility="private")
-MAX_NEW_TOKENS_UI = 256
 PLAY_EVERY = 1.5  # seconds per round when playing; drawing a 64-node round takes most of a second
 DEFAULT_PROMPTS = ["It was a fine morning, and Elizabeth", "My dear Emma, said Mr. Knightley,"]
 DEFAULTS = DecodeSettings()
@@ -128,8 +127,8 @@ def build_demo() -> gr.Blocks:
                 model_dd = gr.Dropdown(choices, value=default, label="Model", info=model_note(),
                                        elem_id="model-dropdown")
                 with gr.Row(elem_id="run-row"):
-                    max_new = gr.Slider(1, MAX_NEW_TOKENS_UI, value=DEFAULTS.max_new_tokens, step=1, precision=0,
-                                        label="Max new tokens", min_width=150, elem_id="max-new-tokens")
+                    max_new = gr.Slider(1, PAGE_LIMITS.max_new_tokens, value=DEFAULTS.max_new_tokens, step=1,
+                                        precision=0, label="Max new tokens", min_width=150, elem_id="max-new-tokens")
                     with gr.Column(min_width=120, scale=0, elem_id="run-buttons"):
                         run_btn = gr.Button("Run", variant="primary", elem_id="run-button", size="md")
                         race_btn = gr.Button("Race vs plain", elem_id="race-button", size="md")
@@ -296,10 +295,11 @@ def _wire_settings(page: Page, model_dd: gr.Dropdown, current_model: gr.State, m
                     [model_dd, current_model, model_md, request["num_heads"], request["preset"],
                      request["tree_text"], request["method"], request["lanes"]],
                     concurrency_id=MODEL_QUEUE, concurrency_limit=1, **PRIVATE)
-    request["method"].change(sidebar.drafter_controls, request["method"],
-                             [request["preset"], request["tree_text"], tree_md, request["num_heads"],
-                              request["draft_tokens"], request["lookup_tokens"], request["eagle_depth"],
-                              request["eagle_top_k"], request["eagle_nodes"]], **PRIVATE)
+    controls = {**request, "tree_status": tree_md}
+    shown = list(sidebar.drafter_controls(DEFAULTS.method))
+    request["method"].change(lambda method: {controls[name]: update
+                                             for name, update in sidebar.drafter_controls(method).items()},
+                             request["method"], [controls[name] for name in shown], **PRIVATE)
     request["preset"].change(handlers.preset_text, [model_dd, request["preset"]], request["tree_text"], **PRIVATE)
     for source in (request["tree_text"].change, request["num_heads"].change):
         source(handlers.tree_status, [request["tree_text"], request["num_heads"], model_dd, request["preset"]],

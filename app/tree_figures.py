@@ -20,7 +20,7 @@ from decoding.trace import RoundTrace, TreeTrace
 
 from . import eagle_views
 from .figure_style import LAPTOP, MASK_SHARE, SIDEBAR_CLOSED_BELOW, SIDEBAR_PX, Look, base_layout, message_figure
-from .lanes import guess_name
+from .lanes import DRAFT_MODEL, EAGLE, PROMPT_LOOKUP, guess_name
 from .palette import ACCEPTED, ALLOWED, BASE, BLOCKED, INK, head_colour
 from .tokens import figure_text
 from .tree_layout import leaf_count, tidy_layout
@@ -55,7 +55,7 @@ def tree_height(tree: TreeTrace, look: Look = LAPTOP, rows: int | None = None) -
 def drafter_of(rnd: RoundTrace) -> str:
     """Who proposed the round's guesses, as the trace records it per node ("base" in a round
     that verified its root alone: there is no guess to name, unless EAGLE drafted candidates it cut)."""
-    return "eagle" if rnd.drafted is not None else rnd.node_sources[-1]
+    return EAGLE if rnd.drafted is not None else rnd.node_sources[-1]
 
 
 def head_prob(rnd: RoundTrace, tree: TreeTrace, node: int) -> float | None:
@@ -93,13 +93,13 @@ def _node_hover(tree: TreeTrace, rnd: RoundTrace, node: int, accepted: set[int])
 def _proposer(tree: TreeTrace, rnd: RoundTrace, node: int, p_head: float | None) -> list[str]:
     """Who proposed the node, and how sure it was."""
     depth, drafter = tree.depths[node], drafter_of(rnd)
-    if drafter == "draft-model":
+    if drafter == DRAFT_MODEL:
         rank = f" (its choice {tree.ranks[node] + 1} there)" if tree.ranks[node] else ""
         return [f"the draft model's guess, {depth} token(s) after the root{rank}",
                 f"draft model's probability: {p_head:.2f}" if p_head is not None else ""]
-    if drafter == "eagle":
+    if drafter == EAGLE:
         return eagle_views.proposer_lines(rnd, node)
-    if drafter == "prompt-lookup":
+    if drafter == PROMPT_LOOKUP:
         where = f"position {rnd.copied_from + depth - 1}" if rnd.copied_from is not None else "earlier"
         return [f"copied from {where} of the text (prompt + answer so far)"]
     return [f"head {tree.heads[node]}, rank {tree.ranks[node] + 1} (its top-{tree.ranks[node] + 1} guess)",

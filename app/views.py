@@ -60,7 +60,7 @@ def run_summary(trace: RunTrace, first_round_after: float | None = None) -> str:
     latency = f" · first round ready {first_round_after:.2f} s after Run" if first_round_after else ""
     tokens = len(trace.tokens)
     draft_passes = sum(rnd.draft_passes for rnd in trace.rounds)
-    drafter = "EAGLE's draft layer" if trace.settings.method == "eagle" else "the draft model"
+    drafter = "EAGLE's draft layer" if trace.settings.method == lanes.EAGLE else "the draft model"
     own = f" + {draft_passes} passes of {drafter}" if draft_passes else ""
     if finished(trace):
         timing = f"{trace.total_time:.2f} s measured ({trace.tokens_per_second:.0f} tokens/s)"
@@ -83,12 +83,12 @@ def drafting_text(trace: RunTrace, rnd: RoundTrace) -> str:
     """What the drafter did this round, before the verify pass (nothing to say for Medusa's
     heads, whose guesses the tree shows)."""
     method, guesses = trace.settings.method, rnd.tree_size - 1
-    if method == "eagle":
+    if method == lanes.EAGLE:
         return eagle_views.drafting_text(rnd)
-    if method == "draft-model":
+    if method == lanes.DRAFT_MODEL:
         return (f"the draft model wrote {guesses} guess(es) in **{rnd.draft_passes} passes** of its own "
                 f"(**{rnd.time_draft * 1e3:.1f} ms**) · ")
-    if method != "prompt-lookup":
+    if method != lanes.PROMPT_LOOKUP:
         return ""
     if rnd.copied_from is None:
         return "no earlier words matched the last ones: nothing to copy · "
@@ -240,7 +240,7 @@ def _learn_source(run: RunTrace | None, race: RaceResult | None) -> str:
         return "Press **Run** (and then **Race**): the numbers in these steps come from your own run."
     medusa = walkthrough_run(run, race)
     if medusa is None:
-        told = " Step 7, *After Medusa*, tells this EAGLE run." if run.settings.method == "eagle" else ""
+        told = " Step 7, *After Medusa*, tells this EAGLE run." if run.settings.method == lanes.EAGLE else ""
         return (f"Your last run used {lanes.in_sentence(run.settings.method)}; these steps follow Medusa's "
                 f"heads. Pick *Medusa heads* and press **Run** (or race with Medusa ticked) to fill them in.{told}")
     race_note = "" if race else " Run the **Race** to fill in the timing numbers too."

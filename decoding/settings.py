@@ -85,7 +85,7 @@ COMMON_SETTINGS = {s.name: s for s in (
 @dataclass(init=False)
 class DecodeSettings:
     """A run's settings. Keywords other than the fields are drafter settings (`options`):
-    `DecodeSettings(method="eagle", eagle_depth=4)`. The trace records the same type, with the
+    `DecodeSettings(method=..., eagle_depth=4)`. The trace records the same type, with the
     tree it verified and its drafter's options filled in."""
 
     method: str = DEFAULT_METHOD

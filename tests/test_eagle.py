@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 from decoding import DecodeSettings, generate, load_model
+from decoding.drafters import check_settings
 from decoding.dynamic_tree import DraftTree, best_size, rerank, verified_tree
 from decoding.eagle import EagleConfig, EagleHead, load_own, load_published
 from decoding.errors import DecodingError
@@ -64,10 +65,10 @@ def trained(tiny_dirs):
     """Tiny Llama and Qwen2 models in float32 and bfloat16, each with a trained EAGLE head."""
     out = {}
     for arch in ("llama", "qwen2"):
-        base = load_model(tiny_dirs[arch], device="cpu", dtype="float32", with_draft=False, self_test=False)
+        base = load_model(tiny_dirs[arch], device="cpu", dtype="float32", drafters=("medusa", "eagle"), self_test=False)
         head, _ = train_tiny_eagle(base.model, base.tokenizer)
         for dtype in ("float32", "bfloat16"):
-            lm = load_model(tiny_dirs[arch], device="cpu", dtype=dtype, with_draft=False, self_test=False)
+            lm = load_model(tiny_dirs[arch], device="cpu", dtype=dtype, drafters=("medusa", "eagle"), self_test=False)
             lm.eagle = EagleHead(head.config, lm.model).to(lm.dtype).eval()
             lm.eagle.load_state_dict(head.state_dict())
             out[arch, dtype] = lm
@@ -196,7 +197,7 @@ def test_a_model_without_an_eagle_head_is_told_how_to_get_one(tiny_llama):
                                               ("eagle_top_k", 17), ("eagle_top_k", 2.5)])
 def test_eagle_settings_out_of_range_are_refused(field, value):
     with pytest.raises(DecodingError, match=field):
-        DecodeSettings(method="eagle", **{field: value}).validate()
+        check_settings(DecodeSettings(method="eagle", **{field: value}))
 
 
 def test_gpt2_has_no_eagle_head():

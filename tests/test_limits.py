@@ -11,6 +11,7 @@ import pytest
 from decoding import DecodeSettings, DecodingError, generate
 from decoding import limits as limits_module
 from decoding.cli import main
+from decoding.drafters import check_settings
 from decoding.limits import PAGE_LIMITS, check_page_limits, page_problems, run_memory_bytes
 
 # SmolLM2-135M's shape: the default model of the page.
@@ -69,7 +70,7 @@ def test_a_run_stops_at_its_time_limit_with_what_it_wrote(tiny_llama, method):
 
 def test_a_time_limit_must_be_positive():
     with pytest.raises(DecodingError, match="time_limit"):
-        DecodeSettings(time_limit=0).validate()
+        check_settings(DecodeSettings(time_limit=0))
 
 
 def test_the_cli_runs_past_the_page_limits_but_warns(capsys, tiny_dirs):
