@@ -288,10 +288,10 @@ def after_run(page: Page, values: dict) -> dict:
                  if result else None)
     return {
         page.stats_md: views.stats_text(run, result),
-        **dict(zip(page.stats_plots, views.stats_figures(run, result, look))),
+        **dict(zip(page.stats_plots, views.stats_figures(run, result, look), strict=True)),
         page.banner_md: views.learn_banner(run, result),
-        **dict(zip(page.step_mds, render_steps(page.steps, run, result, accuracy))),
-        **dict(zip(page.learn_plots, views.learn_figures(run, result, look, accuracy))),
+        **dict(zip(page.step_mds, render_steps(page.steps, run, result, accuracy), strict=True)),
+        **dict(zip(page.learn_plots, views.learn_figures(run, result, look, accuracy), strict=True)),
         page.run_download: gr.DownloadButton(value=run_file, interactive=run_file is not None),
         page.race_download: gr.DownloadButton(value=race_file, interactive=race_file is not None),
     }
@@ -303,8 +303,9 @@ def redraw(page: Page, values: dict) -> dict:
     view = views.round_view(run, int(values[page.slider]) - 1, look)
     return {page.tree_plot: view.tree, page.mask_plot: view.mask,
             page.race_plot: charts.race_figure(result, look=look),
-            **dict(zip(page.stats_plots, views.stats_figures(run, result, look))),
-            **dict(zip(page.learn_plots, views.learn_figures(run, result, look, model_accuracy(run, result))))}
+            **dict(zip(page.stats_plots, views.stats_figures(run, result, look), strict=True)),
+            **dict(zip(page.learn_plots, views.learn_figures(run, result, look, model_accuracy(run, result)),
+                       strict=True))}
 
 
 # ----------------------------------------------------------------------------- rounds

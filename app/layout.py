@@ -321,7 +321,7 @@ def _walkthrough(steps: list[Step], tabs: gr.Tabs) -> tuple[list[gr.Markdown], l
     initial = render_steps(steps, None, None)
     figures = iter(learn_figures(None, None))
     with gr.Walkthrough(selected=0) as walkthrough:
-        for i, (step, text) in enumerate(zip(steps, initial)):
+        for i, (step, text) in enumerate(zip(steps, initial, strict=True)):
             with gr.Step(step.label, id=i):
                 if step.figure:
                     with gr.Row(elem_classes="learn-with-figure"):

@@ -281,7 +281,7 @@ def _curve_lines(report: dict) -> list[str]:
     curve = report.get("cost_curve")
     if not curve:
         return []
-    points = ", ".join(f"T={size} {cost:.2f}" for size, cost in zip(curve["sizes"], curve["costs"]))
+    points = ", ".join(f"T={size} {cost:.2f}" for size, cost in zip(curve["sizes"], curve["costs"], strict=True))
     return [f"a T-token pass here, in one-token steps ({curve['threads']} threads, measured {curve['measured_at']}, "
             f"repeats within {curve.get('spread', 0.0):.0%}): {points}; the heads' drafting {curve['draft_cost']:.2f}"]
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 from .errors import DecodingError
@@ -114,7 +115,7 @@ class CostCurve:
         """The cost of a `size`-token pass, linearly interpolated between measured sizes."""
         if size <= self.sizes[0]:
             return self.costs[0]
-        for (a, ca), (b, cb) in zip(zip(self.sizes, self.costs), zip(self.sizes[1:], self.costs[1:])):
+        for (a, ca), (b, cb) in pairwise(zip(self.sizes, self.costs, strict=True)):
             if size <= b:
                 return ca + (cb - ca) * (size - a) / (b - a)
         return self.costs[-1]

@@ -228,7 +228,7 @@ class Tree:
     def draft_index(self) -> torch.Tensor:
         """For nodes 1..T-1: index into the heads' top-k table flattened to (heads * top_k)."""
         return torch.tensor(
-            [(d - 1) * self.top_k + r for d, r in zip(self.depths[1:], self.ranks[1:])],
+            [(d - 1) * self.top_k + r for d, r in zip(self.depths[1:], self.ranks[1:], strict=True)],
             dtype=torch.long,
         )
 

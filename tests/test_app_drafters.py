@@ -106,7 +106,7 @@ def test_the_verdict_has_a_row_of_measured_figures_per_lane():
     rows = [line for line in verdict.splitlines() if line.startswith("| ")][1:]
     assert [row.split(" | ")[0] for row in rows] == ["| Plain decoding", "| Medusa", "| Draft model",
                                                      "| Prompt lookup"]
-    for lane, row in zip(race.lanes[1:], rows[1:]):
+    for lane, row in zip(race.lanes[1:], rows[1:], strict=True):
         spread = race.spread(lane)
         assert f"{spread.median:.2f}× ({spread.low:.2f}–{spread.high:.2f}×)" in row
         assert f"{race.timing(lane).tokens_per_pass:.2f}" in row and f"| {race.draft_cost(lane):.2f} |" in row

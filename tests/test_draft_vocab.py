@@ -87,7 +87,7 @@ def test_greedy_answers_record_what_chose_each_token():
     model = tiny_model("llama", vocab_size=64, seed=3, hidden=32, layers=2, init_std=0.5)
     prompts_ids = [[5, 6, 7], [9, 10, 11, 12, 13]]
     answers = greedy_answers(model, prompts_ids, max_new_tokens=12, stop_ids=frozenset([0]), pad_id=0)
-    for prompt, answer in zip(prompts_ids, answers.answers):
+    for prompt, answer in zip(prompts_ids, answers.answers, strict=True):
         reference = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=len(answer),
                                    eos_token_id=0, pad_token_id=0)[0, len(prompt):].tolist()
         assert answer == reference

@@ -146,7 +146,7 @@ def test_the_draft_cache_keeps_in_step_after_rejections(trained):
     text = lm.tokenizer(prompt).input_ids + [trace.prefill_token]
     rejected = 0
     for r in trace.rounds:
-        first = [t for t, d in zip(r.drafted.tokens, r.drafted.depths) if d == 1]
+        first = [t for t, d in zip(r.drafted.tokens, r.drafted.depths, strict=True) if d == 1]
         assert first == from_scratch_first_guesses(lm, text, 4)
         rejected += len(r.accepted_nodes) - 1 < max(r.tree.depths)
         text += r.emitted_tokens

@@ -62,7 +62,7 @@ def test_reference_tree_layout_has_no_two_nodes_on_one_spot():
     # Labels sit to the right of their node: two nodes of one depth need a full row between them.
     for depth in range(5):
         rows = sorted(y for x, y in pos.values() if x == depth)
-        assert all(b - a >= 1 for a, b in zip(rows, rows[1:]))
+        assert all(b - a >= 1 for a, b in zip(rows, rows[1:], strict=True))
     leaves = [n for n in range(tree.size) if n not in tree.parents]
     assert sorted(pos[n][1] for n in leaves) == list(range(leaf_count(tree.parents)))
 
@@ -75,10 +75,10 @@ def test_tree_figure_highlights_exactly_the_accepted_path(run):
     fig = tree_figure(run.tree, rnd)
     pos = tidy_layout(run.tree.parents, run.tree.depths)
     (edges,) = _trace_named(fig, "accepted path")
-    drawn = {(x, y) for x, y in zip(edges.x, edges.y) if x is not None}
+    drawn = {(x, y) for x, y in zip(edges.x, edges.y, strict=True) if x is not None}
     assert drawn == {pos[n] for n in rnd.accepted_nodes}
     for trace in _node_traces(fig):
-        for node, opacity in zip(trace.customdata, trace.marker.opacity):
+        for node, opacity in zip(trace.customdata, trace.marker.opacity, strict=True):
             assert (opacity == 1.0) == (node in rnd.accepted_nodes)
 
 
@@ -87,7 +87,7 @@ def test_tree_figure_labels_nodes_with_their_tokens_and_hover_has_the_facts(run)
     fig = tree_figure(run.tree, rnd)
     labelled = {}
     for trace in _node_traces(fig):
-        for node, text, hover in zip(trace.customdata, trace.text, trace.hovertext):
+        for node, text, hover in zip(trace.customdata, trace.text, trace.hovertext, strict=True):
             labelled[node] = (text, hover)
     assert sorted(labelled) == list(range(run.tree.size))
     for node, (text, hover) in labelled.items():
@@ -188,7 +188,7 @@ def test_a_big_mask_thins_its_labels_and_keeps_a_hover_for_every_cell():
     fig = mask_figure(big.tree, rnd)
     shown = list(fig.layout.yaxis.tickvals)
     assert 0 in shown and 5 <= len(shown) < 30
-    assert all(b - a >= label_every(big.tree) for a, b in zip(shown, shown[1:]))
+    assert all(b - a >= label_every(big.tree) for a, b in zip(shown, shown[1:], strict=True))
     assert list(fig.layout.yaxis.ticktext) == [mask_label(rnd, n) for n in shown]
     assert all(mask_label(rnd, n).startswith("✓") for n in rnd.accepted_nodes)
     (heat,) = fig.data
@@ -209,7 +209,7 @@ def test_tick_labels_are_not_measured_against_the_page_on_every_draw():
 def test_labelled_rows_are_never_closer_than_the_step_and_the_root_is_always_labelled():
     shown = labelled_nodes(64, [0, 1, 3, 17, 40], every=6)
     assert shown[0] == 0 and {17, 40} <= set(shown)
-    assert all(b - a >= 6 for a, b in zip(shown, shown[1:]))
+    assert all(b - a >= 6 for a, b in zip(shown, shown[1:], strict=True))
     assert labelled_nodes(9, [0, 2], every=1) == list(range(9))
 
 

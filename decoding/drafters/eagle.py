@@ -170,7 +170,7 @@ class EagleDrafter(Drafter):
         a level costs to draft here. With a fixed tree size every level is drafted."""
         if self.curve is None:
             return True
-        best = max(c for c, d in zip(draft.log_confidences, draft.depths) if d == level)
+        best = max(c for c, d in zip(draft.log_confidences, draft.depths, strict=True) if d == level)
         return math.exp(best) > self.level_cost
 
     # ----- the drafter's round -----

@@ -92,8 +92,8 @@ def drop_prompts(answers: Answers, prompts: set[tuple[int, ...]]) -> Answers:
     keep = torch.tensor([tuple(p) not in prompts for p in answers.prompts])
     rows = torch.repeat_interleave(keep, torch.tensor([len(a) for a in answers.answers]))
     return Answers(
-        prompts=[p for p, k in zip(answers.prompts, keep) if k],
-        answers=[a for a, k in zip(answers.answers, keep) if k],
+        prompts=[p for p, k in zip(answers.prompts, keep, strict=True) if k],
+        answers=[a for a, k in zip(answers.answers, keep, strict=True) if k],
         **{name: getattr(answers, name)[rows] for name in ("states", "tokens", "teacher_ids", "teacher_logits")},
     )
 

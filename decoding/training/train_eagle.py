@@ -81,7 +81,8 @@ def sequences_from(model: PreTrainedModel, answers: Answers) -> list[Sequence]:
     dropped from the tokens: the feature after it was never recorded, and it has no pair to form.
     """
     sequences, start = [], 0
-    for prompt, answer in tqdm(list(zip(answers.prompts, answers.answers)), desc="prompt features", unit="answer"):
+    pairs = list(zip(answers.prompts, answers.answers, strict=True))
+    for prompt, answer in tqdm(pairs, desc="prompt features", unit="answer"):
         states = answers.states[start : start + len(answer)].float()
         start += len(answer)
         out = model(input_ids=torch.tensor([prompt]), output_hidden_states=True, use_cache=False, logits_to_keep=1)
@@ -111,7 +112,7 @@ def pack(sequences: list[Sequence]) -> Batch:
         # feature chooses what would follow the answer, still the base model's own distribution.
         target = (local + 1 <= length - 1) & (local + 2 >= s.answer_start)
         parts.append((s.tokens, s.features, torch.full((length,), number), local, target))
-    return Batch(*(torch.cat(column) for column in zip(*parts)))
+    return Batch(*(torch.cat(column) for column in zip(*parts, strict=True)))
 
 
 def batches(sequences: list[Sequence], batch_tokens: int, rng: random.Random | None) -> list[Batch]:
