@@ -49,7 +49,8 @@ class RunRequest:
     @classmethod
     def of(cls, **values: object) -> RunRequest:
         """A request from the page's values by name: a drafter's setting goes to `options`."""
-        options = {name: values.pop(name) for name in list(values) if drafter_setting(name) is not None}
+        options = dict(values.pop("options", None) or {})
+        options.update((name, values.pop(name)) for name in list(values) if drafter_setting(name) is not None)
         return cls(**values, options=options)
 
 

@@ -58,9 +58,10 @@ class Setting:
             return None
         number = whole_number(self.name, value) if self.kind is int else real_number(self.name, value)
         if not self.low <= number <= self.high:
-            allowed = f"from {_plain(self.low)} to {_plain(self.high)}" + (f" (or unset: {self.unset})"
-                                                                            if self.unset else "")
-            raise DecodingError(f"{self.name} must be {allowed}, not {value!r}")
+            kind = "a whole number" if self.kind is int else "a number"
+            unset = f" (or unset: {self.unset})" if self.unset else ""
+            raise DecodingError(f"{self.name} must be {kind} from {_plain(self.low)} to {_plain(self.high)}{unset}, "
+                                f"not {value!r}")
         return number
 
 
@@ -131,8 +132,9 @@ class DecodeSettings:
         if self.acceptance not in ACCEPTANCE_SCHEMES:
             raise DecodingError(f"acceptance must be one of {', '.join(ACCEPTANCE_SCHEMES)}, not {self.acceptance!r}")
         for name, setting in COMMON_SETTINGS.items():
-            if name == "temperature" and self.acceptance == "greedy":
-                continue  # greedy decoding never reads it
+            if name == "temperature" and self.acceptance == "greedy":  # never read: any number will do
+                self.temperature = real_number(name, self.temperature)
+                continue
             setattr(self, name, setting.check(getattr(self, name)))
         if not isinstance(self.tree, str | list | tuple | None):
             raise DecodingError(f"tree must be a name or a list of paths such as [[0], [0, 0], [1]], "

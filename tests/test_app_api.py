@@ -83,7 +83,7 @@ def test_trace_endpoint_runs_each_drafter_the_model_offers(client, method):
         return
     assert trace.drafter.name == method and trace.tree.name == ("chain-3" if method == "draft-model" else "chain-5")
     assert all(source == method for rnd in trace.rounds for source in rnd.node_sources[1:])
-    assert trace.settings.draft_tokens == (3 if method == "draft-model" else None)
+    assert trace.settings.options.get("draft_tokens") == (3 if method == "draft-model" else None)
 
 
 @pytest.mark.parametrize("method, lengths, message", [
@@ -115,8 +115,8 @@ def test_the_trace_endpoint_grows_eagles_tree_as_asked(client):
 @pytest.mark.parametrize("eagle, message", [
     ((0, 8, 0), "eagle_depth must be a whole number from 1 to 16, not 0"),
     ((6, 17, 0), "eagle_top_k must be a whole number from 1 to 16, not 17"),
-    ((6, 8, 64), "eagle_nodes must be a whole number from 1 to 63, or 0 for as many as pay here, not 64"),
-    ((6, 8, -1), "eagle_nodes must be a whole number from 1 to 63, or 0 for as many as pay here, not -1"),
+    ((6, 8, 64), "eagle_nodes must be a whole number from 1 to 63"),
+    ((6, 8, -1), "eagle_nodes must be a whole number from 1 to 63"),
     ((6, 8, 2.5), "eagle_nodes must be a whole number, not 2.5"),
 ])
 def test_the_trace_endpoint_refuses_an_eagle_tree_it_cannot_grow(client, eagle, message):
@@ -127,12 +127,12 @@ def test_the_trace_endpoint_refuses_an_eagle_tree_it_cannot_grow(client, eagle, 
 def test_trace_endpoint_takes_a_custom_tree_and_fewer_heads(client):
     data = client.predict("It is a truth", 6, "greedy", "[[0], [0, 0], [1]]", 2, api_name="/trace")
     assert data["tree"]["choices"] == [[0], [1], [0, 0]]
-    assert data["settings"]["num_heads"] == 2
+    assert data["settings"]["options"] == {"num_heads": 2}
 
 
 @pytest.mark.parametrize("args, message", [
     (("", 8), "prompt is empty"),
-    (("It is", 0), "max_new_tokens must be between"),
+    (("It is", 0), "max_new_tokens must be a whole number from 1 to"),
     (("It is", 8, "greedy", "[[0], [0"), "malformed"),
     (("It is", 8, "greedy", "[[0, 0]]"), "has no parent"),
     (("It is", 8, "sometimes"), "acceptance must be one of"),
@@ -171,7 +171,7 @@ def model(tiny_model_dir):
 def _settings(model, tree_text: str, num_heads: int, **overrides):
     values = dict(prompt="It is", model=model.name, max_new_tokens=16, preset=model.default_tree,
                   tree_text=tree_text, num_heads=num_heads)
-    return decode_settings(model, RunRequest(**(values | overrides)))
+    return decode_settings(model, RunRequest.of(**(values | overrides)))
 
 
 def test_an_unedited_preset_is_passed_by_name(model):
@@ -202,13 +202,13 @@ def test_only_the_drafters_a_model_has_are_accepted(model):
     without_draft = dataclasses.replace(model, draft=None)
     with pytest.raises(DecodingError,
                        match="offers no drafter 'draft-model': choose one of ar, medusa, eagle, prompt-lookup"):
-        decode_settings(without_draft, RunRequest(prompt="It is", model=model.name, method="draft-model"))
+        decode_settings(without_draft, RunRequest.of(prompt="It is", model=model.name, method="draft-model"))
     with pytest.raises(DecodingError, match="offers no drafter 'draft-model'"):
-        race_lanes(without_draft, RunRequest(prompt="It is", model=model.name, lanes=("medusa", "draft-model")))
+        race_lanes(without_draft, RunRequest.of(prompt="It is", model=model.name, lanes=("medusa", "draft-model")))
     with pytest.raises(DecodingError, match="tick at least one drafter"):
-        race_lanes(model, RunRequest(prompt="It is", model=model.name, lanes=()))
+        race_lanes(model, RunRequest.of(prompt="It is", model=model.name, lanes=()))
     # Ticked in any order, the lanes run in the order the model offers them.
-    assert race_lanes(model, RunRequest(prompt="It is", model=model.name, lanes=("prompt-lookup", "medusa"))) == [
+    assert race_lanes(model, RunRequest.of(prompt="It is", model=model.name, lanes=("prompt-lookup", "medusa"))) == [
         "medusa", "prompt-lookup"]
 
 
@@ -217,7 +217,7 @@ def test_a_half_edited_tree_blocks_medusa_but_not_the_other_drafters(model):
         settings = _settings(model, "[[0], [0", model.num_heads, method=method, draft_tokens=3.0)
         assert settings.method == method and settings.tree == "default" and settings.draft_tokens == 3
     with pytest.raises(DecodingError, match="malformed"):
-        decode_settings(model, RunRequest(prompt="It is", model=model.name, preset=model.default_tree,
+        decode_settings(model, RunRequest.of(prompt="It is", model=model.name, preset=model.default_tree,
                                           tree_text="[[0], [0"), ["prompt-lookup", "medusa"])
 
 
@@ -249,7 +249,7 @@ def test_the_model_menu_names_each_embedded_model_by_its_card():
 def test_the_page_defaults_are_the_engines():
     from decoding import DecodeSettings
 
-    request, engine = RunRequest(prompt="x", model="m"), DecodeSettings()
+    request, engine = RunRequest.of(prompt="x", model="m"), DecodeSettings()
     assert (request.temperature, request.epsilon, request.delta, request.max_new_tokens) == (
         engine.temperature, engine.epsilon, engine.delta, engine.max_new_tokens)
 
@@ -403,7 +403,7 @@ def _page_and_values(model_dir: str, **request):
     fields = {f.name: f.name for f in dataclasses.fields(handlers.Page)}
     page = handlers.Page(**fields | {"request": {f.name: f.name for f in dataclasses.fields(RunRequest)},
                                      "stats_plots": [], "step_mds": [], "steps": []})
-    values = dataclasses.asdict(RunRequest(model=model_dir, **request)) | {"projector": False, "width": 1280}
+    values = dataclasses.asdict(RunRequest.of(model=model_dir, **request)) | {"projector": False, "width": 1280}
     return page, values
 
 

@@ -152,7 +152,7 @@ def test_while_lanes_are_measured_the_page_gets_the_status_line_alone(tiny_dirs,
     fields = {f.name: f.name for f in dataclasses.fields(handlers.Page)}  # components named by strings
     page = handlers.Page(**fields | {"request": {f.name: f.name for f in dataclasses.fields(RunRequest)},
                                      "stats_plots": [], "step_mds": [], "steps": []})
-    values = dataclasses.asdict(RunRequest(prompt="It is a truth", model=model, max_new_tokens=8, races=2,
+    values = dataclasses.asdict(RunRequest.of(prompt="It is a truth", model=model, max_new_tokens=8, races=2,
                                            lanes=("medusa", "prompt-lookup"))) | {"projector": False, "width": 1280}
     updates = list(handlers.run_race(page, values))
     measuring = [u for u in updates if "measuring" in str(u.get("race_status"))]
