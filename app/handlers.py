@@ -281,7 +281,7 @@ def after_run(page: Page, values: dict) -> dict:
     result: RaceResult | None = values[page.race_state]
     look = page.look(values)
     accuracy = model_accuracy(run, result)
-    run_file = write_json("medusa_trace.json", run.to_dict()) if run else None
+    run_file = write_json(f"{run.settings.method}_trace.json", run.to_dict()) if run else None
     race_file = (write_json("race_traces.json", {
         "lanes": result.lanes, "focus": result.focus,
         "races": [{lane: trace.to_dict() for lane, trace in runs.items()} for runs in result.races]})

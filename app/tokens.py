@@ -66,7 +66,7 @@ def _token_span(text: str, depth: int, method: str) -> str:
     colour = head_colour(depth)
     kind = "base model" if depth == 0 else f"{guess_name(method, depth)} guess, accepted"
     return (
-        f'<span class="tok {"tok-base" if depth == 0 else "tok-head"}" '
+        f'<span class="tok {"tok-base" if depth == 0 else "tok-guess"}" '
         f'style="--tok:{colour}" title="{kind}">{html.escape(text)}</span>'
     )
 

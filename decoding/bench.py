@@ -2,7 +2,7 @@
 
 Machines are noisy, so nothing is compared across runs: after a warm-up, every prompt is decoded
 by plain (AR) decoding and by every lane (a drafter with its settings: Medusa with each tree asked
-for, a draft model, prompt lookup), with and without detailed tracing, in alternating order, and
+for, EAGLE, a draft model, prompt lookup), with and without detailed tracing, in alternating order, and
 the ratios come from totals gathered in the same minutes. Every figure (speedup, round cost and its
 parts, trace cost) is computed by `stats.py`, the definitions the page uses, so the table and the
 page print the same numbers under the same names.

@@ -149,6 +149,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     _remeasure(args, lm)
     _warn_past_page_limits(lm, args.prompt, settings)
     trace = generate(lm, args.prompt, settings)
+    _say_how_to_pin_the_tree(settings, trace)
     if args.json:
         print(trace.to_json())
         return 0
@@ -156,6 +157,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     print(trace.prompt + ("\n\n" if lm.use_chat_template else "") + trace.text)
     print(f"\n[{args.method}] {run_summary(trace)}", file=sys.stderr)
     return 0
+
+
+def _say_how_to_pin_the_tree(settings: DecodeSettings, trace: RunTrace) -> None:
+    """A seeded run repeats only on the same tree, and `--tree auto` chooses by this machine's
+    measured costs, which change: say which tree it was (the trace records it) and how to pin it."""
+    from .tree_choice import AUTO_TREE
+
+    if settings.seed is not None and settings.tree == AUTO_TREE and trace.tree is not None:
+        print(f"note: --tree auto chose {trace.tree.name} here; to repeat this seeded run anywhere, pass "
+              f"--tree '{json.dumps(trace.tree.choices, separators=(',', ':'))}'", file=sys.stderr)
 
 
 def _count(n: int, one: str, many: str) -> str:

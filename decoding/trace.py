@@ -26,17 +26,17 @@ from .settings import DecodeSettings
 
 @dataclass
 class TreeTrace:
-    """The shape of the candidate tree, the same for every round of a run.
+    """The shape of a candidate tree: the run's, for a drafter that verifies one tree every round
+    (cut near the end of the context), or one round's own (EAGLE grows a new tree each round).
 
-    Node 0 is the root. Node i > 0 holds head `heads[i]`'s rank-`ranks[i]` guess and sits at
-    depth `depths[i]` below the root, so it is a guess for the token `depths[i]` places after
-    the root. `mask[i][j]` is 1 when node i may attend to node j (j is i or one of its ancestors).
+    Node 0 is the root. Node i > 0 holds the drafter's rank-`ranks[i]` guess for the token
+    `depths[i]` places after the root (Medusa's head `depths[i]`, a draft model's step, a copy).
+    `mask[i][j]` is 1 when node i may attend to node j (j is i or one of its ancestors).
     """
 
     choices: list[list[int]]
     parents: list[int]
     depths: list[int]
-    heads: list[int]
     ranks: list[int]
     mask: list[list[int]]
     name: str = "custom"
@@ -52,7 +52,7 @@ class TreeTrace:
             return self
         paths = self.choices[: size - 1]
         return TreeTrace(choices=paths, parents=self.parents[:size], depths=self.depths[:size],
-                         heads=self.heads[:size], ranks=self.ranks[:size],
+                         ranks=self.ranks[:size],
                          mask=[row[:size] for row in self.mask[:size]], name=self.name)
 
 
@@ -195,13 +195,18 @@ RENAMED_ROUND_FIELDS = {"emitted_from_heads": "emitted_from_drafter", "heads_top
                         "heads_topk_probs": "guess_probs"}
 
 
+def _tree_from_dict(data: dict[str, Any]) -> TreeTrace:
+    """A tree as `to_dict` wrote it; one saved with `heads` (the same numbers as the depths) reads too."""
+    return TreeTrace(**{key: value for key, value in data.items() if key != "heads"})
+
+
 def _renamed(data: dict[str, Any], renamed: dict[str, str]) -> dict[str, Any]:
     return {renamed.get(key, key): value for key, value in data.items()}
 
 
 def _round_from_dict(data: dict[str, Any]) -> RoundTrace:
     if data.get("tree") is not None:
-        data["tree"] = TreeTrace(**data["tree"])
+        data["tree"] = _tree_from_dict(data["tree"])
     if data.get("drafted") is not None:
         data["drafted"] = DraftedTree(**data["drafted"])
     return RoundTrace(**data)
@@ -312,7 +317,7 @@ class RunTrace:
         fields = {k: v for k, v in data.items() if k in names}
         fields["settings"] = DecodeSettings(**fields["settings"])
         if fields.get("tree") is not None:
-            fields["tree"] = TreeTrace(**fields["tree"])
+            fields["tree"] = _tree_from_dict(fields["tree"])
         if fields.get("drafter") is not None:
             fields["drafter"] = DrafterInfo(**fields["drafter"])
         if fields.get("cost_curve") is not None:

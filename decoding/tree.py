@@ -169,11 +169,6 @@ class Tree:
     def ranks(self) -> list[int]:
         return [0] + [p[-1] for p in self.paths]
 
-    @property
-    def heads(self) -> list[int]:
-        """Which head guessed each node (1-based; 0 for the root): the head is the depth."""
-        return self.depths
-
     @cached_property
     def parents(self) -> list[int]:
         index = {p: i + 1 for i, p in enumerate(self.paths)}
@@ -237,7 +232,6 @@ class Tree:
             choices=[list(p) for p in self.paths],
             parents=self.parents,
             depths=self.depths,
-            heads=self.heads,
             ranks=self.ranks,
             mask=self.ancestor_mask.int().tolist(),
             name=self.name,

@@ -30,7 +30,7 @@ def make_tree(choices: list[list[int]], name: str = "test") -> TreeTrace:
             walk = parents[walk]
     depths = [0] + [len(p) for p in paths]
     return TreeTrace(choices=[list(p) for p in paths], parents=parents, depths=depths,
-                     heads=list(depths), ranks=[0] + [p[-1] for p in paths], mask=mask, name=name)
+                     ranks=[0] + [p[-1] for p in paths], mask=mask, name=name)
 
 
 def path_nodes(tree: TreeTrace, leaf: int) -> list[int]:

@@ -93,7 +93,7 @@ def test_tree_figure_labels_nodes_with_their_tokens_and_hover_has_the_facts(run)
     for node, (text, hover) in labelled.items():
         assert text == figure_text(rnd.node_texts[node], 10)
         if node:
-            assert f"head {run.tree.heads[node]}, rank {run.tree.ranks[node] + 1}" in hover
+            assert f"head {run.tree.depths[node]}, rank {run.tree.ranks[node] + 1}" in hover
             parent_choice = figure_text(rnd.base_argmax_texts[run.tree.parents[node]])
             assert f"most likely token here: '{parent_choice}'" in hover
             assert ("accepted" in hover) == (node in rnd.accepted_nodes)
@@ -277,7 +277,7 @@ def test_figures_serialise_to_json(run):
 def test_stream_html_groups_tokens_by_pass_and_marks_head_tokens(run):
     html = stream_html(run)
     assert html.count('class="pass') == 1 + len(run.rounds)
-    assert html.count("tok-head") == sum(sum(r.emitted_from_drafter) for r in run.rounds)
+    assert html.count("tok-guess") == sum(sum(r.emitted_from_drafter) for r in run.rounds)
     assert stream_html(run, until=0.0).count('class="pass') == 0
 
 
