@@ -7,9 +7,10 @@ from decoding.errors import DecodingError
 from decoding.loops import generate
 from decoding.settings import DecodeSettings
 
-from .handlers import cache, refusal
+from .handlers import refusal
 from .inputs import PAGE_UNSET, api_request, decode_settings
 from .models import offered_models, require_offered
+from .store import cache
 
 DEFAULTS = DecodeSettings()
 

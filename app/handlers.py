@@ -20,14 +20,10 @@ first round and at the end; a 5-node tree every 2 s.
 
 from __future__ import annotations
 
-import hashlib
 import html
-import json
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import gradio as gr
 from gradio.components import Component
@@ -49,8 +45,9 @@ from .inputs import (
     format_choices,
     race_lanes,
 )
-from .models import ModelCache, require_offered
+from .models import require_offered
 from .race import RaceResult, default_lanes, race
+from .store import cache, write_json
 from .text import Step, render_steps
 
 PUSH_EVERY = 0.25  # seconds between updates of the token stream while a run streams
@@ -60,10 +57,6 @@ FIGURES_SHARE = 0.1  # the most of a run's time spent building and drawing its f
 # them: on a 2-core CPU with the 64-node mc_sim_7b_63 tree, 0.8-1.2 s of the page's main thread
 # (Gradio draws each figure twice per update) against 0.18 s to build them.
 BROWSER_COST = 5.0
-DOWNLOADS = Path(tempfile.gettempdir()) / "medusa-playground-downloads"
-KEEP_DOWNLOADS = 32
-
-cache = ModelCache()
 
 
 @dataclass
@@ -253,22 +246,6 @@ def _stream_race(page: Page, values: dict) -> Iterator[dict]:
 
 # ----------------------------------------------------------------------------- after a run
 
-def write_json(name: str, data: dict) -> str:
-    """A file for a download button: DOWNLOADS/<content hash>/<name>, the oldest pruned, so a
-    long-running server keeps at most KEEP_DOWNLOADS of them."""
-    text = json.dumps(data, indent=1)
-    folder = DOWNLOADS / hashlib.sha256(text.encode()).hexdigest()[:16]
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / name
-    path.write_text(text, encoding="utf-8")
-    old = sorted(DOWNLOADS.iterdir(), key=lambda p: p.stat().st_mtime)[:-KEEP_DOWNLOADS]
-    for stale in old:
-        for file in stale.iterdir():
-            file.unlink(missing_ok=True)
-        stale.rmdir()
-    return str(path)
-
-
 def model_accuracy(run: RunTrace | None, result: RaceResult | None) -> GuessingAccuracy:
     """What the run's model measured of its drafters (held-out accuracy per depth), if it is loaded."""
     trace = run or (result.shown[result.focus] if result else None)
@@ -322,9 +299,18 @@ def step_round(page: Page, values: dict, delta: int) -> dict:
     return show_round(page, values, int(values[page.slider]) - 1 + delta)
 
 
-def jump_to_round(page: Page, values: dict, event: gr.EventData) -> dict:
+class RoundClick(gr.EventData):
+    """A click on a pass in the token stream (layout.STREAM_CLICKS sends the round it names).
+    Gradio builds one for a handler whose event argument has this type, as it does SelectData."""
+
+    def __init__(self, target: object, data: object) -> None:
+        super().__init__(target, data)
+        self.round = data.get("round") if isinstance(data, dict) else None
+
+
+def jump_to_round(page: Page, values: dict, event: RoundClick) -> dict:
     """A click on a pass in the stream: show that pass's round."""
-    number = (event._data or {}).get("round")
+    number = event.round
     if not isinstance(number, int) or number < 1:
         return {}
     return show_round(page, values, number - 1)

@@ -23,7 +23,7 @@ from decoding.limits import PAGE_LIMITS
 from decoding.prompts import example_prompts
 from decoding.settings import DecodeSettings
 
-from . import handlers, lanes, sidebar
+from . import handlers, lanes, sidebar, store
 from .api import trace_api
 from .figure_style import MASK_SHARE, SIDEBAR_CLOSED_BELOW, SIDEBAR_PX, message_figure
 from .gpu import ON_ZERO_GPU, gpu
@@ -97,7 +97,7 @@ def build_demo() -> gr.Blocks:
     """Load the default model, warm it up, and lay out the page."""
     choices = model_choices()
     default = choices[0][1]
-    model = handlers.cache.get(default)
+    model = store.cache.get(default)
     if not ON_ZERO_GPU:  # on ZeroGPU there is no GPU outside a request to warm up on
         warm_up(model)
     steps = load_steps()
@@ -273,7 +273,7 @@ def _wire_rounds(page: Page) -> None:
     def following(values: dict) -> dict:
         return handlers.step_round(page, values, +1)
 
-    def clicked(values: dict, event: gr.EventData) -> dict:
+    def clicked(values: dict, event: handlers.RoundClick) -> dict:
         return handlers.jump_to_round(page, values, event)
 
     page.slider.release(show, inputs, outputs, **quiet)

@@ -12,10 +12,11 @@ from types import SimpleNamespace
 import pytest
 from gradio_client import Client
 
-from app.handlers import cache, switch_model, write_json
+from app.handlers import switch_model
 from app.inputs import RunRequest, decode_settings, describe_tree, format_choices, race_lanes
 from app.layout import DEFAULT_PROMPTS, build_demo, example_rows, launch_options
 from app.models import ModelCache, describe, offered_models, require_offered
+from app.store import cache, write_json
 from decoding.errors import DecodingError
 from decoding.limits import PAGE_LIMITS
 from decoding.prompts import example_prompts
@@ -255,10 +256,10 @@ def test_the_page_defaults_are_the_engines():
 
 
 def test_downloads_share_one_folder_and_old_ones_are_pruned(tmp_path, monkeypatch):
-    import app.handlers as handlers
+    import app.store as store
 
-    monkeypatch.setattr(handlers, "DOWNLOADS", tmp_path)
-    monkeypatch.setattr(handlers, "KEEP_DOWNLOADS", 3)
+    monkeypatch.setattr(store, "DOWNLOADS", tmp_path)
+    monkeypatch.setattr(store, "KEEP_DOWNLOADS", 3)
     paths = [write_json("medusa_trace.json", {"run": i}) for i in range(5)]
     assert all(p.startswith(str(tmp_path)) and p.endswith("medusa_trace.json") for p in paths)
     assert len(list(tmp_path.iterdir())) == 3
