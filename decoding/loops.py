@@ -27,7 +27,7 @@ from .drafters import Drafter, Proposal, check_settings, make_drafter
 from .dynamic_tree import DYNAMIC_TREE
 from .errors import DecodingError
 from .kv_cache import compact_cache, new_cache
-from .limits import check_fits
+from .memory import check_fits
 from .model import LoadedModel
 from .passes import decode_one_token, prefill, verify_tree
 from .settings import PLAIN, DecodeSettings
