@@ -20,8 +20,8 @@ import torch
 
 from ..atomic import write_atomically
 from ..errors import DecodingError
+from .commands import command_line, load_base, settings_from
 from .distill import concat_answers, load_shard, read_shards
-from .recorded_run import _load_base
 from .train_eagle import (
     EagleTrainingSettings,
     Sequence,
@@ -62,15 +62,13 @@ def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_train_eagle(args: argparse.Namespace) -> int:
-    from .cli import command_line, settings_from
-
     settings = settings_from(EagleTrainingSettings, args)
     shards = read_shards(*args.recorded)
     held, checked = args.heldout_shards, args.validation_shards
     if held < 1 or checked < 0 or len(shards) < held + checked + 1:
         raise DecodingError(f"{len(shards)} shards in {', '.join(map(str, args.recorded))}: need at least "
                             f"{held + checked + 1} for {held} held out, {checked} for validation and one to train on")
-    _, base = _load_base(args.model, args.threads)
+    _, base = load_base(args.model, args.threads)
     started = time.time()
     train_shards, heldout_shards = shards[: -held - checked], shards[-held:]
     validation_shards = shards[-held - checked: -held]

@@ -27,11 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import PreTrainedModel
 
 from ..atomic import write_atomically
 from ..errors import DecodingError
 from ..heads import MedusaHeads
+from .commands import load_base
 from .distill import concat_answers, distill_to_shards, drop_prompts, load_shard, read_shards
 from .instructions import build_instructions
 from .recorded import (
@@ -49,26 +50,6 @@ from .trees import expected_tokens_per_pass, joint_optimal_choices, measured_tok
 DEFAULT_TREE_NODES = [2, 4, 6, 8, 12, 16]
 INSTRUCTION_SOURCES = ("templates", "self-instruct")
 INSTRUCTIONS_FILE = "instructions.json"
-
-
-def _base_directory(name: str) -> str:
-    """A fetched wheel model's cache directory by name, or the name itself (folder or hub id)."""
-    from ..fetch import WHEEL_MODELS, fetched_dir
-
-    return str(fetched_dir(name)) if name in WHEEL_MODELS else name
-
-
-def _load_base(name: str, threads: int | None) -> tuple[object, PreTrainedModel]:
-    if threads:
-        torch.set_num_threads(threads)
-    from ..packed_linear import pack_linear_layers
-
-    source = _base_directory(name)
-    tokenizer = AutoTokenizer.from_pretrained(source)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval().requires_grad_(False)
-    # The same packed layers decoding uses on a CPU: the recorded states are the ones it will see.
-    pack_linear_layers(model)
-    return tokenizer, model
 
 
 # ----- self-distill ------------------------------------------------------------------------------
@@ -91,7 +72,7 @@ def add_distill_arguments(parser: argparse.ArgumentParser) -> None:
 def run_distill(args: argparse.Namespace) -> int:
     if min(args.instructions, args.max_new_tokens, args.batch_size, args.shard_size) < 1:
         raise DecodingError("--instructions, --max-new-tokens, --batch-size and --shard-size must be positive")
-    tokenizer, model = _load_base(args.model, args.threads)
+    tokenizer, model = load_base(args.model, args.threads)
     if not getattr(tokenizer, "chat_template", None):
         raise DecodingError(f"{args.model} has no chat template: self-distill asks a chat model questions")
     instructions = _instructions(args, model, tokenizer)
@@ -254,7 +235,7 @@ def run_recorded(args: argparse.Namespace) -> int:
     if len(shards) <= args.heldout_shards + args.validation_shards:
         raise DecodingError(f"{' '.join(map(str, args.recorded))} hold {len(shards)} finished shards; need more than "
                             f"--heldout-shards {args.heldout_shards} + --validation-shards {args.validation_shards}")
-    _, model = _load_base(args.model, args.threads)
+    _, model = load_base(args.model, args.threads)
     lm_head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
     split = _split(shards, args.heldout_shards, args.validation_shards)
     train, heldout = split.train, split.heldout
