@@ -80,7 +80,7 @@ class Page:
     race_plot: Component
     race_md: Component
     stats_md: Component
-    stats_plots: list[Component]
+    stats_plots: dict[str, Component]  # by figure name (views.STATS_FIGURES)
     banner_md: Component
     step_mds: list[Component]
     run_download: Component
@@ -91,7 +91,7 @@ class Page:
     prev_button: Component
     next_button: Component
     steps: list[Step]
-    learn_plots: list[Component] = field(default_factory=list)  # the walkthrough's own figures
+    learn_plots: dict[str, Component] = field(default_factory=dict)  # the walkthrough's figures, by name
 
     def inputs(self) -> set[Component]:
         # The states too: a refused run says whether the figures below are still the last one's.
@@ -113,7 +113,8 @@ class Page:
         return [self.slider, self.round_md, self.tree_plot, self.mask_plot, self.stream_box]
 
     def after_run(self) -> list[Component]:
-        return [self.stats_md, *self.stats_plots, self.banner_md, *self.step_mds, *self.learn_plots,
+        return [self.stats_md, *self.stats_plots.values(), self.banner_md, *self.step_mds,
+                *self.learn_plots.values(),
                 self.run_download, self.race_download]
 
 
@@ -246,6 +247,11 @@ def _stream_race(page: Page, values: dict) -> Iterator[dict]:
 
 # ----------------------------------------------------------------------------- after a run
 
+def _by_name(components: dict[str, Component], figures: dict[str, object]) -> dict[Component, object]:
+    """Figures paired with their components by name: a figure without one fails here, loudly."""
+    return {components[name]: figure for name, figure in figures.items()}
+
+
 def model_accuracy(run: RunTrace | None, result: RaceResult | None) -> GuessingAccuracy:
     """What the run's model measured of its drafters (held-out accuracy per depth), if it is loaded."""
     trace = run or (result.shown[result.focus] if result else None)
@@ -265,10 +271,10 @@ def after_run(page: Page, values: dict) -> dict:
                  if result else None)
     return {
         page.stats_md: views.stats_text(run, result),
-        **dict(zip(page.stats_plots, views.stats_figures(run, result, look), strict=True)),
+        **_by_name(page.stats_plots, views.stats_figures(run, result, look)),
         page.banner_md: views.learn_banner(run, result),
         **dict(zip(page.step_mds, render_steps(page.steps, run, result, accuracy), strict=True)),
-        **dict(zip(page.learn_plots, views.learn_figures(run, result, look, accuracy), strict=True)),
+        **_by_name(page.learn_plots, views.learn_figures(run, result, look, accuracy)),
         page.run_download: gr.DownloadButton(value=run_file, interactive=run_file is not None),
         page.race_download: gr.DownloadButton(value=race_file, interactive=race_file is not None),
     }
@@ -280,9 +286,8 @@ def redraw(page: Page, values: dict) -> dict:
     view = views.round_view(run, int(values[page.slider]) - 1, look)
     return {page.tree_plot: view.tree, page.mask_plot: view.mask,
             page.race_plot: charts.race_figure(result, look=look),
-            **dict(zip(page.stats_plots, views.stats_figures(run, result, look), strict=True)),
-            **dict(zip(page.learn_plots, views.learn_figures(run, result, look, model_accuracy(run, result)),
-                       strict=True))}
+            **_by_name(page.stats_plots, views.stats_figures(run, result, look)),
+            **_by_name(page.learn_plots, views.learn_figures(run, result, look, model_accuracy(run, result)))}
 
 
 # ----------------------------------------------------------------------------- rounds
@@ -338,21 +343,27 @@ def play_tick(page: Page, values: dict) -> dict:
 
 # ----------------------------------------------------------------------------- settings
 
-def switch_model(name: str, previous: str, method: str) -> tuple:
+# What `switch_model` updates, by name (layout.py maps the names to the components).
+SWITCH_MODEL_OUTPUTS = ("model", "current_model", "model_card", "num_heads", "preset", "tree_text", "method",
+                        "lanes")
+
+
+def switch_model(name: str, previous: str, method: str) -> dict[str, object]:
     """Load the chosen model; if it cannot load, say why and go back to the previous one. The
-    drafter choices become the new model's; the chosen drafter stays where the model offers it."""
+    drafter choices become the new model's; the chosen drafter stays where the model offers it.
+    Updates by name (one of SWITCH_MODEL_OUTPUTS); a name left out keeps its component as it is."""
     try:
         model = cache.get(require_offered(name))
     except DecodingError as e:
         gr.Warning(toast_text(e))
-        return (previous, previous, *[gr.skip()] * 6)
+        return {"model": previous, "current_model": previous}
     drafters = available_drafters(model)
-    return (gr.skip(), name, views.model_card(model),
-            gr.Slider(maximum=model.num_heads, value=PAGE_UNSET),
-            gr.Dropdown(choices=list(model.trees), value=model.default_tree),
-            format_choices(model.trees[model.default_tree]),
-            gr.Radio(choices=lanes.choices(drafters), value=method if method in drafters else drafters[0]),
-            gr.CheckboxGroup(choices=lanes.choices(drafters, short=True), value=default_lanes(drafters)))
+    return {"current_model": name, "model_card": views.model_card(model),
+            "num_heads": gr.Slider(maximum=model.num_heads, value=PAGE_UNSET),
+            "preset": gr.Dropdown(choices=list(model.trees), value=model.default_tree),
+            "tree_text": format_choices(model.trees[model.default_tree]),
+            "method": gr.Radio(choices=lanes.choices(drafters), value=method if method in drafters else drafters[0]),
+            "lanes": gr.CheckboxGroup(choices=lanes.choices(drafters, short=True), value=default_lanes(drafters))}
 
 
 def preset_text(model_name: str, preset: str) -> str:

@@ -2,9 +2,9 @@
 which of them are shown.
 
 Each drafter's controls come from the settings it declares (decoding.drafters); only the chosen
-drafter's are shown, and only the acceptance rule's own numbers. `drafter_controls` names the
-controls it updates; `acceptance_controls` returns a tuple in the order its event lists them in
-layout.py. No model is run here.
+drafter's are shown, and only the acceptance rule's own numbers. The callbacks that show and hide
+them (`drafter_controls`, `acceptance_controls`) name the controls they update. No model is run
+here.
 """
 
 from __future__ import annotations
@@ -81,8 +81,9 @@ def drafter_controls(method: str) -> dict[str, dict]:
     return {name: gr.update(visible=visible) for name, visible in shown.items()}
 
 
-def acceptance_controls(acceptance: str) -> tuple:
-    """Temperature and seed matter only when sampling; ε and δ only for typical acceptance."""
-    sampling = acceptance != "greedy"
-    return (gr.Slider(visible=sampling), gr.Slider(visible=acceptance == "typical"),
-            gr.Slider(visible=acceptance == "typical"), gr.Number(visible=sampling))
+def acceptance_controls(acceptance: str) -> dict[str, dict]:
+    """Visibility updates, by control name: temperature and seed matter only when sampling; ε and
+    δ only for typical acceptance."""
+    sampling, typical = acceptance != "greedy", acceptance == "typical"
+    return {"temperature": gr.update(visible=sampling), "epsilon": gr.update(visible=typical),
+            "delta": gr.update(visible=typical), "seed": gr.update(visible=sampling)}

@@ -205,12 +205,15 @@ def _tree_nodes(run: RunTrace) -> str:
     return f"{eagle_views.mean_tree_size(run):.1f} nodes on average"
 
 
-def stats_figures(run: RunTrace | None, race: RaceResult | None, look: Look = LAPTOP) -> tuple[go.Figure, ...]:
+STATS_FIGURES = ("histogram", "depths", "speed")  # the Stats tab's figures, by name
+
+
+def stats_figures(run: RunTrace | None, race: RaceResult | None, look: Look = LAPTOP) -> dict[str, go.Figure]:
+    """The Stats tab's figures by name (STATS_FIGURES): tokens per pass, acceptance per depth, speed."""
     if run is None or not run.rounds:
-        empty = message_figure("Press Run to collect statistics.", look)
-        return empty, empty, empty
-    return (charts.accepted_histogram(run, look), charts.head_acceptance_figure(run, look),
-            charts.speed_figure(run, race, look))
+        return dict.fromkeys(STATS_FIGURES, message_figure("Press Run to collect statistics.", look))
+    return {"histogram": charts.accepted_histogram(run, look), "depths": charts.head_acceptance_figure(run, look),
+            "speed": charts.speed_figure(run, race, look)}
 
 
 SMALL_MODEL_NOTE = ("  \n<small>A small model like this one states false facts with confidence. Medusa changes "
@@ -222,17 +225,21 @@ def learn_banner(run: RunTrace | None, race: RaceResult | None) -> str:
     return _learn_source(run, race) + SMALL_MODEL_NOTE
 
 
+LEARN_FIGURES = ("cost-curve", "guessing")  # the walkthrough's own figures, by the name a step gives
+
+
 def learn_figures(run: RunTrace | None, race: RaceResult | None, look: Look = LAPTOP,
-                  accuracy: GuessingAccuracy = NO_ACCURACY) -> list[go.Figure]:
-    """The walkthrough's own figures, in step order: the measured cost of a T-token pass, then
-    Medusa's heads and EAGLE guessing ahead, side by side (held-out, and on the visitor's runs)."""
+                  accuracy: GuessingAccuracy = NO_ACCURACY) -> dict[str, go.Figure]:
+    """The walkthrough's own figures, by the name a step gives for its figure (`Step.figure`): the
+    measured cost of a T-token pass ("cost-curve"), and Medusa's heads and EAGLE guessing ahead,
+    side by side, held-out and on the visitor's runs ("guessing")."""
     guessing = guessing_figure(accuracy, eagle_views.medusa_run(run, race), eagle_views.eagle_run(run, race), look)
     if run is None and race is None:
-        return [message_figure("Press Run: what a pass over T tokens<br>costs on this machine appears here.",
-                               look, height=260), guessing]
+        return {"cost-curve": message_figure("Press Run: what a pass over T tokens<br>costs on this machine "
+                                             "appears here.", look, height=260), "guessing": guessing}
     medusa = walkthrough_run(run, race)
     nodes = medusa.tree.size if medusa is not None and medusa.tree is not None else None
-    return [charts.cost_curve_figure(measured_curve(run, race), nodes, look), guessing]
+    return {"cost-curve": charts.cost_curve_figure(measured_curve(run, race), nodes, look), "guessing": guessing}
 
 
 def _learn_source(run: RunTrace | None, race: RaceResult | None) -> str:

@@ -17,6 +17,7 @@ from app.inputs import RunRequest, decode_settings, describe_tree, format_choice
 from app.layout import DEFAULT_PROMPTS, build_demo, example_rows, launch_options
 from app.models import ModelCache, describe, offered_models, require_offered
 from app.store import cache, write_json
+from app.views import LEARN_FIGURES, STATS_FIGURES
 from decoding.errors import DecodingError
 from decoding.limits import PAGE_LIMITS
 from decoding.prompts import example_prompts
@@ -158,8 +159,8 @@ def test_concurrent_visitors_take_turns_and_none_is_lost(client):
 def test_a_model_that_cannot_load_keeps_the_previous_one(client, tiny_model_dir):
     # Outside a page request, gr.Warning falls back to a Python warning.
     with pytest.warns(UserWarning, match="not offered here"):
-        dropdown, current, *_ = switch_model("/no/such/model", tiny_model_dir, "medusa")
-    assert dropdown == current == tiny_model_dir
+        updates = switch_model("/no/such/model", tiny_model_dir, "medusa")
+    assert updates == {"model": tiny_model_dir, "current_model": tiny_model_dir}
 
 
 # ----------------------------------------------------------------------------- the page's checks
@@ -223,7 +224,8 @@ def test_a_half_edited_tree_blocks_medusa_but_not_the_other_drafters(model):
 
 
 def test_switching_models_offers_the_new_models_drafters(client, tiny_model_dir):
-    *_, method, lanes = switch_model(tiny_model_dir, tiny_model_dir, "draft-model")
+    updates = switch_model(tiny_model_dir, tiny_model_dir, "draft-model")
+    method, lanes = updates["method"], updates["lanes"]
     assert method.value == "draft-model" and [name for _, name in method.choices] == [
         "medusa", "eagle", "draft-model", "prompt-lookup"]
     # Every drafter is offered; Medusa alone is ticked, so a first race is short (the rest on request).
@@ -403,7 +405,9 @@ def _page_and_values(model_dir: str, **request):
 
     fields = {f.name: f.name for f in dataclasses.fields(handlers.Page)}
     page = handlers.Page(**fields | {"request": {f.name: f.name for f in dataclasses.fields(RunRequest)},
-                                     "stats_plots": [], "step_mds": [], "steps": []})
+                                     "stats_plots": {name: name for name in STATS_FIGURES},
+                                     "learn_plots": {name: name for name in LEARN_FIGURES},
+                                     "step_mds": [], "steps": []})
     values = dataclasses.asdict(RunRequest.of(model=model_dir, **request)) | {"projector": False, "width": 1280}
     return page, values
 
