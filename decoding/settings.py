@@ -69,6 +69,9 @@ def _plain(number: float) -> str:
     return str(int(number)) if float(number).is_integer() else str(number)
 
 
+# The names of the settings drafters own, as each registers (drafters/registry.py).
+OPTION_NAMES: set[str] = set()
+
 # The limits of the settings every run has; their defaults are DecodeSettings' own.
 COMMON_SETTINGS = {s.name: s for s in (
     Setting("max_new_tokens", None, 1, MAX_NEW_TOKENS_LIMIT, "tokens to write at most"),
@@ -117,10 +120,11 @@ class DecodeSettings:
         self.options = {**(options or {}), **values}
 
     def __getattr__(self, name: str) -> object:
-        """A drafter's setting read by name (`settings.draft_tokens`): its value, None if unset."""
+        """A drafter's setting read by name (`settings.draft_tokens`): its value, None if unset
+        (as in the trace of a run by another drafter). A name no drafter owns is an error."""
         options = self.__dict__.get("options", {})
-        if name in options:
-            return options[name]
+        if name in options or name in OPTION_NAMES:
+            return options.get(name)
         raise AttributeError(f"{type(self).__name__} has no setting {name!r}")
 
     def check_common(self) -> None:

@@ -11,7 +11,7 @@ from app.sidebar import drafter_controls
 from decoding import DecodeSettings, DecodingError, generate
 from decoding.bench import run_bench
 from decoding.cli import build_parser
-from decoding.drafters import DRAFTERS, available_drafters, check_settings, drafter_class, register
+from decoding.drafters import DRAFTERS, available_drafters, check_settings, drafter_class, register, unregister
 from decoding.drafters.base import Drafter, Proposal, chain_proposal, chain_tree, root_only
 from decoding.settings import Setting
 from decoding.trace import DrafterInfo, RunTrace
@@ -47,7 +47,7 @@ class RepeatDrafter(Drafter):
 def repeat():
     register(RepeatDrafter)
     yield RepeatDrafter
-    del DRAFTERS[RepeatDrafter.name]
+    unregister(RepeatDrafter.name)
 
 
 def test_a_registered_drafter_is_offered_everywhere(repeat, tiny_llama):
@@ -85,12 +85,18 @@ def test_unknown_names_are_refused_in_one_line(tiny_llama):
         generate(tiny_llama, "abc", DecodeSettings(method="nope"))
 
 
-def test_each_setting_is_checked_against_its_own_declaration():
-    with pytest.raises(DecodingError, match="repeat_tokens must be from 1 to 8"):
-        register(RepeatDrafter)
-        try:
-            check_settings(DecodeSettings(method="repeat", repeat_tokens=9))
-        finally:
-            del DRAFTERS[RepeatDrafter.name]
-    filled = check_settings(DecodeSettings(method=next(iter(DRAFTERS))))
-    assert set(filled.options) == {s.name for s in next(iter(DRAFTERS.values())).settings}
+def test_each_setting_is_checked_against_its_own_declaration(repeat):
+    with pytest.raises(DecodingError, match="repeat_tokens must be a whole number from 1 to 8, not 9"):
+        check_settings(DecodeSettings(method="repeat", repeat_tokens=9))
+    # Unset, a drafter's settings take the defaults it declares; another drafter's read as None.
+    assert check_settings(DecodeSettings(method="repeat")).options == {"repeat_tokens": 2}
+    assert DecodeSettings(method="repeat").draft_tokens is None
+    with pytest.raises(AttributeError):
+        DecodeSettings().no_such_setting  # noqa: B018 - the read is the test
+
+
+def test_a_drafter_may_not_take_a_name_in_use(repeat):
+    clash = type("Clash", (RepeatDrafter,), {"name": "clash"})  # owns repeat_tokens too
+    with pytest.raises(ValueError, match="repeat_tokens"):
+        register(clash)
+    assert "clash" not in DRAFTERS

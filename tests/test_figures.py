@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from itertools import pairwise
 
 import pytest
 
@@ -62,7 +63,7 @@ def test_reference_tree_layout_has_no_two_nodes_on_one_spot():
     # Labels sit to the right of their node: two nodes of one depth need a full row between them.
     for depth in range(5):
         rows = sorted(y for x, y in pos.values() if x == depth)
-        assert all(b - a >= 1 for a, b in zip(rows, rows[1:], strict=True))
+        assert all(b - a >= 1 for a, b in pairwise(rows))
     leaves = [n for n in range(tree.size) if n not in tree.parents]
     assert sorted(pos[n][1] for n in leaves) == list(range(leaf_count(tree.parents)))
 
@@ -188,7 +189,7 @@ def test_a_big_mask_thins_its_labels_and_keeps_a_hover_for_every_cell():
     fig = mask_figure(big.tree, rnd)
     shown = list(fig.layout.yaxis.tickvals)
     assert 0 in shown and 5 <= len(shown) < 30
-    assert all(b - a >= label_every(big.tree) for a, b in zip(shown, shown[1:], strict=True))
+    assert all(b - a >= label_every(big.tree) for a, b in pairwise(shown))
     assert list(fig.layout.yaxis.ticktext) == [mask_label(rnd, n) for n in shown]
     assert all(mask_label(rnd, n).startswith("✓") for n in rnd.accepted_nodes)
     (heat,) = fig.data
@@ -209,7 +210,7 @@ def test_tick_labels_are_not_measured_against_the_page_on_every_draw():
 def test_labelled_rows_are_never_closer_than_the_step_and_the_root_is_always_labelled():
     shown = labelled_nodes(64, [0, 1, 3, 17, 40], every=6)
     assert shown[0] == 0 and {17, 40} <= set(shown)
-    assert all(b - a >= 6 for a, b in zip(shown, shown[1:], strict=True))
+    assert all(b - a >= 6 for a, b in pairwise(shown))
     assert labelled_nodes(9, [0, 2], every=1) == list(range(9))
 
 

@@ -17,9 +17,10 @@ from .registry import (
     drafter_setting,
     make_drafter,
     methods,
-    own_options,
     register,
+    unregister,
 )
 
 __all__ = ["DRAFTERS", "Drafter", "ModelFiles", "Proposal", "available_drafters", "check_settings", "drafter_class",
-           "drafter_setting", "make_drafter", "methods", "own_options", "register"]
+           "drafter_setting", "make_drafter", "methods", "register",
+           "unregister"]

@@ -9,7 +9,7 @@ import dataclasses
 
 from ..errors import DecodingError
 from ..model import LoadedModel
-from ..settings import PLAIN, DecodeSettings, Setting
+from ..settings import OPTION_NAMES, PLAIN, DecodeSettings, Setting
 from .base import Drafter
 
 DRAFTERS: dict[str, type[Drafter]] = {}
@@ -22,7 +22,14 @@ def register(cls: type[Drafter]) -> type[Drafter]:
     if cls.name == PLAIN or clash:
         raise ValueError(f"drafter {cls.name!r} takes a name already in use: {cls.name if not clash else clash}")
     DRAFTERS[cls.name] = cls
+    OPTION_NAMES.update(setting.name for setting in cls.settings)
     return cls
+
+
+def unregister(name: str) -> None:
+    """Forget the drafter called `name` (a test's own drafter, once the test is done)."""
+    cls = DRAFTERS.pop(name)
+    OPTION_NAMES.difference_update(setting.name for setting in cls.settings)
 
 
 def methods() -> list[str]:
@@ -65,13 +72,6 @@ def check_settings(settings: DecodeSettings) -> DecodeSettings:
             if checked.options.get(setting.name) is None:
                 checked.options[setting.name] = setting.default
     return checked
-
-
-def own_options(settings: DecodeSettings) -> dict[str, int | float | None]:
-    """The options of the run's own drafter, defaults filled: what its trace records."""
-    if settings.method == PLAIN:
-        return {}
-    return {s.name: settings.options.get(s.name, s.default) for s in DRAFTERS[settings.method].settings}
 
 
 def make_drafter(lm: LoadedModel, settings: DecodeSettings) -> Drafter:
