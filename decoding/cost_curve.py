@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from .atomic import write_atomically
+from .features import FINAL_STATE
 from .fetch import cache_root
 from .kv_cache import compact_cache, new_cache
 from .model import LoadedModel
@@ -90,14 +91,14 @@ def measure_cost_curve(lm: LoadedModel, sizes: tuple[int, ...] = CURVE_SIZES, pa
     prefix = torch.randint(0, vocab, (past,), generator=generator).tolist()
     tokens = torch.randint(0, vocab, (max(sizes),), generator=generator).to(lm.device)
     cache = new_cache(lm.model.config, for_trees=True)
-    _, hidden = run_model(lm, prefix, cache, last_only=True, want_hidden=lm.heads is not None)
+    _, hidden = run_model(lm, prefix, cache, last_only=True, hidden_layers=FINAL_STATE if lm.heads is not None else ())
     trees = {size: _curve_tree(size) for size in sizes if size > 1}
 
     def one_pass(size: int) -> float:
         if size == 1:
             seconds = _time(lm.device, lambda: decode_one_token(lm, int(tokens[0]), cache))
         else:
-            seconds = _time(lm.device, lambda: verify_tree(lm, trees[size], tokens[:size], cache, want_hidden=False))
+            seconds = _time(lm.device, lambda: verify_tree(lm, trees[size], tokens[:size], cache, hidden_layers=()))
         compact_cache(cache, past, [])  # drop the pass's rows: every pass sees the same prefix
         return seconds
 

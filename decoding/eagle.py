@@ -37,6 +37,7 @@ from torch import nn
 from transformers import PreTrainedConfig, PreTrainedModel
 
 from .errors import DecodingError
+from .features import FINAL_STATE
 
 EAGLE_DIR = "eagle"  # beside a model's Medusa heads: its EAGLE draft head, if it has one
 EAGLE_CONFIG = "eagle_config.json"
@@ -53,6 +54,10 @@ class EagleConfig:
     # The published checkpoints' layer has no input norm; the project's keeps the base layer's.
     input_norm: bool = True
     fc_bias: bool = True
+    # EAGLE-3: the base model's hidden states of these layers (indices into its
+    # `output_hidden_states`), side by side, fused into one feature by a linear layer, are what the
+    # draft reads for the text; None: the final normed state alone (EAGLE-1).
+    feature_layers: list[int] | None = None
 
 
 def decoder_parts(base: PreTrainedModel) -> tuple[type[nn.Module], nn.Module]:
@@ -103,6 +108,8 @@ class EagleHead(nn.Module):
         layer_class, rotary = decoder_parts(base)
         self.layer_config = layer_config(base.config)
         self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=config.fc_bias)
+        layers = config.feature_layers
+        self.fuse = nn.Linear(len(layers) * config.hidden_size, config.hidden_size, bias=False) if layers else None
         self.layer = layer_class(self.layer_config, layer_idx=0)
         if not config.input_norm:
             self.layer.input_layernorm = nn.Identity()
@@ -112,6 +119,20 @@ class EagleHead(nn.Module):
             self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size))
         else:
             self.draft_vocab = None
+
+    @property
+    def reads_layers(self) -> tuple[int, ...]:
+        """The base model's hidden states this head reads for the text (see passes.FINAL_STATE)."""
+        return tuple(self.config.feature_layers) if self.config.feature_layers else FINAL_STATE
+
+    def text_features(self, states: torch.Tensor) -> torch.Tensor:
+        """What the draft layer reads for a position of the text, from the base model's states there.
+
+        EAGLE-3 fuses a low, a middle and a high layer into one feature: the low layers still
+        hold which token is where, the high ones what comes next. EAGLE-1 reads the final state.
+        Guessed positions read the draft's own output instead (it is never fused).
+        """
+        return states if self.fuse is None else self.fuse(states)
 
     @property
     def guess_vocab_size(self) -> int:

@@ -273,7 +273,7 @@ def speculative_decode(lm: LoadedModel, prompt: str, settings: DecodeSettings) -
     clock = Stopwatch(lm.device)
     clock.resume()
     cache = new_cache(lm.model.config, for_trees=True)
-    logits, prompt_states = prefill(lm, prompt_ids, cache, want_hidden=drafter.reads_hidden)
+    logits, prompt_states = prefill(lm, prompt_ids, cache, hidden_layers=drafter.hidden_layers)
     hidden = None if prompt_states is None else prompt_states[-1]
     drafter.begin(prompt_ids, prompt_states)
     root = _start(lm, trace, clock, logits, settings, generator)
@@ -295,7 +295,7 @@ def speculative_decode(lm: LoadedModel, prompt: str, settings: DecodeSettings) -
         # logits chose the root), so head k guesses the token k places after the root.
         proposal = drafter.propose(root, hidden, room - 1, settings.detailed_trace)
         drafted = clock.read()
-        logits, hidden_all = verify_tree(lm, proposal.tree, proposal.tokens, cache, want_hidden=drafter.reads_hidden)
+        logits, hidden_all = verify_tree(lm, proposal.tree, proposal.tokens, cache, hidden_layers=drafter.hidden_layers)
         verified = clock.read()
         node_list = proposal.tokens.tolist()
         verdict = accept(proposal.tree, node_list, logits, settings, generator)

@@ -12,6 +12,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import CacheLayerMixin
 
+from .features import FINAL_STATE, chosen_states
 from .model import LoadedModel
 from .tree import Tree
 
@@ -23,12 +24,12 @@ def run_model(
     attention_mask: torch.Tensor | None = None,
     position_ids: torch.Tensor | None = None,
     last_only: bool = False,
-    want_hidden: bool = False,
+    hidden_layers: tuple[int, ...] = (),
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One forward pass over `input_ids` (batch 1) that appends to `cache`.
 
-    Returns logits (T, V) — or (1, V) with `last_only` — and, with `want_hidden`, the final
-    hidden states (T, H): the post-norm states the lm_head reads, which the heads read too.
+    Returns logits (T, V) — or (1, V) with `last_only` — and, with `hidden_layers`, those layers'
+    hidden states side by side (T, len(hidden_layers) * H), see features.py.
     """
     ids = torch.as_tensor(input_ids, dtype=torch.long, device=lm.device).view(1, -1)
     kwargs = {lm.cache_argument: cache}
@@ -39,20 +40,20 @@ def run_model(
         attention_mask=attention_mask,
         position_ids=position_ids,
         use_cache=True,
-        output_hidden_states=want_hidden,
+        output_hidden_states=bool(hidden_layers),
         **kwargs,
     )
     logits = out.logits[0, -1:] if last_only else out.logits[0]
-    hidden = out.hidden_states[-1][0] if want_hidden else None
+    hidden = chosen_states(out.hidden_states, hidden_layers) if hidden_layers else None
     return logits, hidden
 
 
 def prefill(
-    lm: LoadedModel, prompt_ids: list[int], cache: DynamicCache, want_hidden: bool = False
+    lm: LoadedModel, prompt_ids: list[int], cache: DynamicCache, hidden_layers: tuple[int, ...] = ()
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Run the prompt; return the logits after its last token (V,) and, if wanted, the hidden
-    state at every prompt position (P, H): the last chose the first token; EAGLE reads them all."""
-    logits, hidden = run_model(lm, prompt_ids, cache, last_only=True, want_hidden=want_hidden)
+    """Run the prompt; return the logits after its last token (V,) and, if asked, those layers'
+    states at every prompt position (P, ...): the last chose the first token; EAGLE reads them all."""
+    logits, hidden = run_model(lm, prompt_ids, cache, last_only=True, hidden_layers=hidden_layers)
     return logits[-1], hidden
 
 
@@ -151,14 +152,15 @@ def tree_inputs(
 
 
 def verify_tree(
-    lm: LoadedModel, tree: Tree, node_tokens: torch.Tensor, cache: DynamicCache, want_hidden: bool = True
+    lm: LoadedModel, tree: Tree, node_tokens: torch.Tensor, cache: DynamicCache,
+    hidden_layers: tuple[int, ...] = FINAL_STATE,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One forward pass over all T tree nodes: logits (T, V) and, if wanted, hidden states (T, H)."""
+    """One forward pass over all T tree nodes: logits (T, V) and, if asked, those layers' states (T, ...)."""
     if tree.size == 1 or (tree.is_chain and not lm.gathered_attention):
         # A chain's tree mask is the ordinary causal mask and its positions the ordinary ones:
         # the library builds those itself, on its fastest path (and a lone root is a plain step).
         # Gathered attention needs the mask spelled out: a pass of several tokens without one
         # is how it recognises the prefill (see attention.py).
-        return run_model(lm, node_tokens, cache, want_hidden=want_hidden)
+        return run_model(lm, node_tokens, cache, hidden_layers=hidden_layers)
     mask, positions = tree_inputs(lm, tree, cache)
-    return run_model(lm, node_tokens, cache, mask, positions, want_hidden=want_hidden)
+    return run_model(lm, node_tokens, cache, mask, positions, hidden_layers=hidden_layers)

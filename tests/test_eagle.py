@@ -36,39 +36,49 @@ NEW_TOKENS = 40
 
 
 # ----- a tiny EAGLE head trained on the tiny model's own text -----
+# EAGLE-3's fused head on the 2-layer tiny models reads the inputs of layers 1 and 0 and the final state.
+FUSED_LAYERS = [1, 0, -1]
+
+
 @torch.no_grad()
-def own_text(model, tokenizer, prompts: list[str], length: int) -> list[Sequence]:
-    """The model's greedy continuations of `prompts`, with its features at every position."""
+def own_text(model, tokenizer, prompts: list[str], length: int, layers: list[int] | None = None) -> list[Sequence]:
+    """The model's greedy continuations of `prompts`, with its states at every position (with
+    `layers`, those layers' states side by side too, for a fused head)."""
     out = []
     for prompt in prompts:
         prompt_ids = torch.tensor(tokenizer(prompt).input_ids)
         ids = model.generate(prompt_ids[None], do_sample=False, max_new_tokens=length, min_new_tokens=length)[0]
-        features = model(ids[None], output_hidden_states=True).hidden_states[-1][0].float()
-        out.append(Sequence(ids, features, answer_start=len(prompt_ids)))
+        states = model(ids[None], output_hidden_states=True).hidden_states
+        inputs = torch.cat([states[i][0] for i in layers], dim=-1) if layers else None
+        out.append(Sequence(ids, states[-1][0].float(), answer_start=len(prompt_ids), inputs=inputs))
     return out
 
 
-def train_tiny_eagle(model, tokenizer, epochs: int = 60) -> tuple[EagleHead, list[Sequence]]:
+def train_tiny_eagle(model, tokenizer, epochs: int = 60, fused: bool = False) -> tuple[EagleHead, list[Sequence]]:
     """A head that has learnt the model's continuations of PROMPTS: a random model's next token
     follows no pattern a small draft could generalise from, but it can be learnt by heart, and
     that is all the identity tests need: guesses that are often, not always, right."""
-    text = own_text(model, tokenizer, PROMPTS, NEW_TOKENS + 8)
+    layers = FUSED_LAYERS if fused else None
+    text = own_text(model, tokenizer, PROMPTS, NEW_TOKENS + 8, layers)
     torch.manual_seed(0)
-    head = EagleHead(EagleConfig(model.config.hidden_size, model.config.vocab_size), model)
-    fit_eagle(head, model, text, text, EagleTrainingSettings(epochs=epochs, lr=3e-3, batch_tokens=512,
-                                                            warmup_steps=5, patience=epochs, noise=0.0))
+    head = EagleHead(EagleConfig(model.config.hidden_size, model.config.vocab_size, feature_layers=layers), model)
+    fit_eagle(head, model, text, text, EagleTrainingSettings(epochs=epochs, lr=3e-3, batch_tokens=512, unroll=3,
+                                                            warmup_steps=5, patience=epochs, noise=0.0,
+                                                            feature_weight=0.0 if fused else 1.0))
     return head.eval(), text
 
 
 @pytest.fixture(scope="module")
 def trained(tiny_dirs):
-    """Tiny Llama and Qwen2 models in float32 and bfloat16, each with a trained EAGLE head."""
+    """Tiny Llama and Qwen2 models in float32 and bfloat16, each with a trained EAGLE head; the
+    Llama also with a fused EAGLE-3 head ("llama-fused")."""
     out = {}
-    for arch in ("llama", "qwen2"):
-        base = load_model(tiny_dirs[arch], device="cpu", dtype="float32", drafters=("medusa", "eagle"), self_test=False)
-        head, _ = train_tiny_eagle(base.model, base.tokenizer)
+    for arch, fused in (("llama", False), ("qwen2", False), ("llama-fused", True)):
+        folder = tiny_dirs[arch.removesuffix("-fused")]
+        base = load_model(folder, device="cpu", dtype="float32", drafters=("medusa", "eagle"), self_test=False)
+        head, _ = train_tiny_eagle(base.model, base.tokenizer, fused=fused)
         for dtype in ("float32", "bfloat16"):
-            lm = load_model(tiny_dirs[arch], device="cpu", dtype=dtype, drafters=("medusa", "eagle"), self_test=False)
+            lm = load_model(folder, device="cpu", dtype=dtype, drafters=("medusa", "eagle"), self_test=False)
             lm.eagle = EagleHead(head.config, lm.model).to(lm.dtype).eval()
             lm.eagle.load_state_dict(head.state_dict())
             out[arch, dtype] = lm
@@ -79,13 +89,16 @@ def plain(lm, prompt: str) -> list[int]:
     return generate(lm, prompt, DecodeSettings(method="ar", max_new_tokens=NEW_TOKENS)).tokens
 
 
-def test_training_teaches_the_draft_what_comes_next(tiny_llama):
+@pytest.mark.parametrize("fused", [False, True])
+def test_training_teaches_the_draft_what_comes_next(tiny_llama, fused):
     """Before training the draft's guesses are chance (1/320); after, most are right, at the
     second level too, where it reads its own guessed feature (the training-time test at work)."""
     model = tiny_llama.model
     torch.manual_seed(0)
-    untrained = EagleHead(EagleConfig(model.config.hidden_size, model.config.vocab_size), model).eval()
-    head, text = train_tiny_eagle(model, tiny_llama.tokenizer)
+    config = EagleConfig(model.config.hidden_size, model.config.vocab_size,
+                         feature_layers=FUSED_LAYERS if fused else None)
+    untrained = EagleHead(config, model).eval()
+    head, text = train_tiny_eagle(model, tiny_llama.tokenizer, fused=fused)
     rows, embedding = model.get_output_embeddings(), model.get_input_embeddings()
     before = evaluate_eagle(untrained, rows, embedding, text, depth=3)
     after = evaluate_eagle(head, rows, embedding, text, depth=3)
@@ -93,8 +106,8 @@ def test_training_teaches_the_draft_what_comes_next(tiny_llama):
     assert after.top1[0] > 0.5 and after.acceptance[1] > 0.3 and after.chain_tokens_per_pass > 1.5
 
 
-@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(arch=st.sampled_from(["llama", "qwen2"]), dtype=st.sampled_from(["float32", "bfloat16"]),
+@settings(max_examples=18, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(arch=st.sampled_from(["llama", "qwen2", "llama-fused"]), dtype=st.sampled_from(["float32", "bfloat16"]),
        prompt=st.sampled_from(PROMPTS), depth=st.integers(1, 8), top_k=st.integers(1, 10),
        nodes=st.one_of(st.none(), st.integers(1, 63)))
 def test_eagle_writes_plain_decodings_text(trained, arch, dtype, prompt, depth, top_k, nodes):
@@ -116,8 +129,9 @@ def test_eagle_guesses_are_accepted_and_rejected(trained):
     assert any(a < 5 for a in accepted)
 
 
-def test_the_widest_tree_has_64_nodes(trained):
-    lm = trained["llama", "bfloat16"]
+@pytest.mark.parametrize("arch", ["llama", "llama-fused"])
+def test_the_widest_tree_has_64_nodes(trained, arch):
+    lm = trained[arch, "bfloat16"]
     trace = generate(lm, PROMPTS[0], DecodeSettings(method="eagle", max_new_tokens=24, eagle_nodes=63,
                                                     eagle_depth=6, eagle_top_k=10))
     assert max(r.tree_size for r in trace.rounds) == 64

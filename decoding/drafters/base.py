@@ -107,8 +107,9 @@ class Drafter(ABC):
     # The largest tree the drafter proposes; a round may verify a prefix of it (fewer levels).
     # None for a drafter that grows a new tree each round (EAGLE-2).
     tree: Tree | None
-    # Whether the drafter reads the base model's final hidden states (the passes then keep them).
-    reads_hidden: bool = False
+    # Which of the base model's hidden states the drafter reads (see passes.FINAL_STATE): the
+    # passes keep those, side by side; none for a drafter that reads only tokens.
+    hidden_layers: tuple[int, ...] = ()
 
     @property
     def max_tree_nodes(self) -> int:

@@ -66,11 +66,11 @@ class EagleDrafter(Drafter):
     )
     source_help = ("directory or hub id of an EAGLE draft head (the project's layout or a published "
                    "EAGLE-1 checkpoint), for the eagle drafter (default: the one shipped or registered)")
-    reads_hidden = True
     tree: Tree | None = None  # a new tree each round
 
     def __init__(self, lm: LoadedModel, depth: int, top_k: int, max_nodes: int, fixed_size: bool) -> None:
         self.lm, self.head = lm, lm.eagle
+        self.hidden_layers = lm.eagle.reads_layers
         self.depth, self.top_k, self.max_nodes = depth, top_k, max_nodes
         # Without a fixed size the rerank keeps what this machine's cost curve says pays.
         self.curve = None if fixed_size else model_cost_curve(lm)
@@ -78,7 +78,8 @@ class EagleDrafter(Drafter):
         self.level_cost = 0.0  # drafting one more level, in the same steps
         self.embed = lm.model.get_input_embeddings()
         self.tokens: list[int] = []
-        self.pending = torch.empty(0, lm.eagle.config.hidden_size, device=lm.device, dtype=lm.dtype)
+        self.pending = torch.empty(0, len(self.hidden_layers) * lm.eagle.config.hidden_size, device=lm.device,
+                                   dtype=lm.dtype)
         self.cache = new_cache(self.head.layer_config)
 
     @property
@@ -117,7 +118,7 @@ class EagleDrafter(Drafter):
         count = len(tokens)
         visible = torch.ones(count, start + count, dtype=torch.bool, device=self.lm.device).tril(start)
         positions = torch.arange(start, start + count, device=self.lm.device)
-        out = self._run(self.pending, tokens, positions, self._mask(visible))
+        out = self._run(self.head.text_features(self.pending), tokens, positions, self._mask(visible))
         self.pending = self.pending[:0]
         return out[-1]
 

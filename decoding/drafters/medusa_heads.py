@@ -11,6 +11,7 @@ import torch
 
 from ..cost_curve import model_cost_curve
 from ..errors import DecodingError
+from ..features import FINAL_STATE
 from ..model import LoadedModel
 from ..passes import draft
 from ..settings import DecodeSettings, Setting
@@ -81,7 +82,7 @@ class MedusaHeadsDrafter(Drafter):
     settings = (Setting("num_heads", None, 1, MAX_HEADS, "use only the first n heads (cuts the tree to depth n)",
                         unset="all the model's heads", label="Heads to use"),)
     takes_tree = True
-    reads_hidden = True
+    hidden_layers = FINAL_STATE
 
     @classmethod
     def available(cls, lm: LoadedModel) -> bool:

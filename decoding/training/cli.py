@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import DecodingError
-from . import eagle_run, recorded_run
+from . import eagle_run, record_run, recorded_run
 from .commands import command_line, settings_from
 from .corpus import CORPUS_HELP, TRAIN_CORPUS_HELP, write_corpus
 from .data import DataSettings
@@ -227,4 +227,7 @@ TRAINING_COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Ca
     "corpus": (add_corpus_arguments, run_corpus),
     "self-distill": (recorded_run.add_distill_arguments, recorded_run.run_distill),
     "train-eagle": (eagle_run.add_train_eagle_arguments, eagle_run.run_train_eagle),
+    "questions": (record_run.add_questions_arguments, record_run.run_questions),
+    "record": (record_run.add_record_arguments, record_run.run_record),
+    "record-bench": (record_run.add_record_bench_arguments, record_run.run_record_bench),
 }

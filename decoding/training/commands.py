@@ -1,6 +1,5 @@
-"""What the training commands share: the command line that reproduces a run, settings from parsed
-flags, and the base model they read. Its own module, so that each command's module imports it and
-none imports another command's.
+"""What the training commands share: the command line that reproduces a run, and settings from
+parsed flags. Its own module, so that each command's module imports it and none imports cli.py.
 """
 
 from __future__ import annotations
@@ -9,9 +8,6 @@ import argparse
 import shlex
 from dataclasses import fields
 from typing import TypeVar
-
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 # Namespace entries the command dispatcher adds that are not flags.
 NOT_FLAGS = ("func", "command")
@@ -44,24 +40,3 @@ def settings_from(cls: type[S], args: argparse.Namespace) -> S:
     """Settings of type `cls` from the parsed flags that share its field names."""
     given = vars(args)
     return cls(**{f.name: given[f.name] for f in fields(cls) if f.name in given})
-
-
-def base_directory(name: str) -> str:
-    """A fetched wheel model's cache directory by name, or the name itself (folder or hub id)."""
-    from ..fetch import WHEEL_MODELS, fetched_dir
-
-    return str(fetched_dir(name)) if name in WHEEL_MODELS else name
-
-
-def load_base(name: str, threads: int | None) -> tuple[object, PreTrainedModel]:
-    """The base model a training command reads (its tokenizer too), in float32 with packed layers."""
-    if threads:
-        torch.set_num_threads(threads)
-    from ..packed_linear import pack_linear_layers
-
-    source = base_directory(name)
-    tokenizer = AutoTokenizer.from_pretrained(source)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval().requires_grad_(False)
-    # The same packed layers decoding uses on a CPU: the recorded states are the ones it will see.
-    pack_linear_layers(model)
-    return tokenizer, model

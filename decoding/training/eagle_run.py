@@ -1,6 +1,6 @@
-"""The command line of `train-eagle`: an EAGLE draft head from recorded self-distillation.
+"""The command line of `train-eagle`: an EAGLE draft head from a recording of the model's answers.
 
-    python -m decoding train-eagle --model smollm2 --recorded runs/heads/templates runs/heads/self-instruct \\
+    python -m decoding train-eagle --model smollm2 --recorded ~/.cache/medusa-playground/recordings/smollm2-chat \\
         --heldout-shards 2 --validation-shards 1 --out assets/models/smollm2/eagle
 
 The shards are split as `train-heads --recorded` splits them (the last `--heldout-shards` held out,
@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
+import json
 import time
 from pathlib import Path
 
-import torch
-
-from ..atomic import write_atomically
 from ..errors import DecodingError
-from .commands import command_line, load_base, settings_from
-from .distill import concat_answers, load_shard, read_shards
+from .base_model import load_base
+from .commands import command_line, settings_from
+from .recording import finished_shards, load_shard
 from .train_eagle import (
     EagleTrainingSettings,
     Sequence,
@@ -34,36 +32,41 @@ from .train_eagle import (
 )
 
 
-def cached_features(base: object, shards: list[Path], out: Path) -> list[Sequence]:
-    """The base model's features over these shards' answers, computed once and kept in `out`
-    (a resumed or repeated run reads them back; they are the same for every setting)."""
-    key = hashlib.sha256("\n".join(str(p.resolve()) for p in shards).encode()).hexdigest()[:16]
-    path = out / f"features-{key}.pt"
-    if path.exists():
-        return [Sequence(**fields) for fields in torch.load(path, weights_only=True)]
-    sequences = sequences_from(base, concat_answers([load_shard(p) for p in shards]))
-    out.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, lambda tmp: torch.save([dataclasses.asdict(s) for s in sequences], tmp))
-    return sequences
+def read_sequences(shards: list[Path], fused: bool) -> tuple[list[Sequence], list[int]]:
+    """These shards' answers as training sequences, and the layers a fused head reads."""
+    sequences, layers = [], []
+    for path in shards:
+        recorded = load_shard(path)
+        layers = _feature_layers(path)
+        sequences += sequences_from(recorded, layers, fused)
+    return sequences, layers[:-1]
+
+
+def _feature_layers(path: Path) -> list[int]:
+    return json.loads(path.with_suffix(".json").read_text())["feature_layers"]
 
 
 def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = EagleTrainingSettings()
     parser.add_argument("--model", required=True, help="the base chat model: wheel model name, folder or hub id")
-    parser.add_argument("--recorded", type=Path, nargs="+", required=True, help="self-distill output folders")
+    parser.add_argument("--recorded", type=Path, nargs="+", required=True, help="recording folders (`record`)")
     parser.add_argument("--out", type=Path, required=True, help="folder for eagle_config.json and eagle.safetensors")
     parser.add_argument("--heldout-shards", type=int, default=2, help="last shards kept out, for the card")
     parser.add_argument("--validation-shards", type=int, default=1, help="shards before those, to choose the epoch")
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     parser.add_argument("--threads", type=int, default=None)
     for field in dataclasses.fields(EagleTrainingSettings):
-        parser.add_argument("--" + field.name.replace("_", "-"), type=type(getattr(defaults, field.name)),
-                            default=getattr(defaults, field.name))
+        kind = type(getattr(defaults, field.name))
+        if kind is bool:
+            parser.add_argument("--" + field.name.replace("_", "-"), action=argparse.BooleanOptionalAction,
+                                default=getattr(defaults, field.name))
+        else:
+            parser.add_argument("--" + field.name.replace("_", "-"), type=kind, default=getattr(defaults, field.name))
 
 
 def run_train_eagle(args: argparse.Namespace) -> int:
     settings = settings_from(EagleTrainingSettings, args)
-    shards = read_shards(*args.recorded)
+    shards = [p for folder in args.recorded for p in finished_shards(folder)]
     held, checked = args.heldout_shards, args.validation_shards
     if held < 1 or checked < 0 or len(shards) < held + checked + 1:
         raise DecodingError(f"{len(shards)} shards in {', '.join(map(str, args.recorded))}: need at least "
@@ -73,9 +76,12 @@ def run_train_eagle(args: argparse.Namespace) -> int:
     train_shards, heldout_shards = shards[: -held - checked], shards[-held:]
     validation_shards = shards[-held - checked: -held]
     groups = {"train": train_shards, "validation": validation_shards, "heldout": heldout_shards}
-    parts = {name: cached_features(base, group, args.out) for name, group in groups.items() if group}
+    parts, text_layers = {}, []
+    for name, group in groups.items():
+        if group:
+            parts[name], text_layers = read_sequences(group, settings.fused)
     features_seconds = time.time() - started
-    head = new_eagle_head(base, parts["train"], settings)
+    head = new_eagle_head(base, parts["train"], settings, text_layers if settings.fused else None)
     args.out.mkdir(parents=True, exist_ok=True)
     record, kept = fit_eagle(head, base, parts["train"], parts.get("validation", []), settings, args.out, args.resume)
     rows = draft_rows(head, base)
@@ -88,7 +94,7 @@ def run_train_eagle(args: argparse.Namespace) -> int:
         "training": {"command": command_line("train-eagle", args), "settings": dataclasses.asdict(settings),
                      "answer_tokens": {name: count(group) for name, group in parts.items()},
                      "shards": {name: [str(p) for p in group] for name, group in groups.items()},
-                     "features_seconds": round(features_seconds, 1),
+                     "reading_seconds": round(features_seconds, 1),
                      "training_seconds": round(training_time(record), 1),
                      "epochs": record, "kept_epoch": kept},
     })

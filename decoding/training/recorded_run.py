@@ -32,7 +32,7 @@ from transformers import PreTrainedModel
 from ..atomic import write_atomically
 from ..errors import DecodingError
 from ..heads import MedusaHeads
-from .commands import load_base
+from .base_model import load_base
 from .distill import concat_answers, distill_to_shards, drop_prompts, load_shard, read_shards
 from .instructions import build_instructions
 from .recorded import (

@@ -1,24 +1,30 @@
-"""Training an EAGLE draft head on the recorded self-distillation, with the base model frozen.
+"""Training an EAGLE draft head on recorded answers, with the base model frozen.
 
-    python -m decoding train-eagle --model smollm2 --recorded runs/heads/templates runs/heads/self-instruct --out eagle/
+    python -m decoding train-eagle --model smollm2 --recorded ~/.cache/medusa-playground/recordings/smollm2-chat \
+        --out eagle/
 
-The recorded answers (`distill.py`) are the model's own greedy text. The recording holds the base
-model's feature f_j (the post-norm state its lm_head reads) at every answer position; one pass
-over each prompt adds the prompt's, so the draft learns with the whole text as context. That is
-all EAGLE learns from: the base model never runs over the answers again. The draft reads the
-pair (f_j, t_{j+1}) at position j and learns:
+The recording (`record`, recording.py) holds the model's own greedy answers and, at every position
+j of prompt + answer, the base model's states there: the final normed state f_j (what its lm_head
+reads: f_j chose token t_{j+1}) and, for EAGLE-3, a low, a middle and a high layer's. That is all
+EAGLE learns from: the base model never runs again. The draft reads the pair (text feature at j,
+t_{j+1}) and learns:
 
-* **the next feature**: a smooth-L1 regression of its output onto f_{j+1} (EAGLE-1), and
-* **the next token's distribution**: KL from the base model's own distribution, softmax(lm_head(f_{j+1}))
-  over the draft vocabulary, to the draft's, softmax(lm_head(output)). This is what acceptance
-  depends on; the regression keeps the guessed feature usable as the next step's input.
+* **the next token's distribution**: KL from the base model's own distribution at j + 1,
+  softmax(lm_head(f_{j+1})) over the draft vocabulary, to the draft's, softmax(lm_head(output)).
+  This is what acceptance depends on, and EAGLE-3 trains on it alone;
+* optionally **the next feature** (EAGLE-1): a smooth-L1 regression of its output onto f_{j+1}
+  (`feature_weight`; 0 in EAGLE-3's recipe, where it measured worse).
 
-**Training-time test** (EAGLE-3). At decoding time the draft's second step reads its *own* guessed
-feature, not a true one, and errors compound. So each batch is unrolled `unroll` steps: step s
-reads, at position j, the feature step s-1 guessed for j, and attends to the true features of the
-text before the guesses began plus its own guessed rows since, exactly the attention the drafted
-tree has (see `unroll_mask`). Each step's loss counts `STEP_DECAY` times the one before. Uniform
-noise on the true input features (EAGLE-1) makes the first step robust too.
+**Fused features** (EAGLE-3, `fused`): the text's feature is one linear layer over the three
+layers' states side by side (eagle.py `text_features`); a guessed position reads the draft's own
+output instead.
+
+**Training-time test** (EAGLE-3). At decoding time the draft's second step reads its *own* output,
+not a true feature, and errors compound. So each batch is unrolled `unroll` steps: step s reads,
+at position j, what step s-1 output for j, and attends to the true features of the text before
+the guesses began plus its own guessed rows since, exactly the attention the drafted tree has
+(see `unroll_mask`). Each step's loss counts `STEP_DECAY` times the one before. Uniform noise on
+the true input states (EAGLE-1) makes the first step robust too.
 
 Answers are packed into batches of about `batch_tokens` tokens with a block-diagonal mask. The
 last shards are held out for the per-depth acceptance on the card; validation shards before them
@@ -42,8 +48,8 @@ from transformers import DynamicCache, PreTrainedModel, get_cosine_schedule_with
 from ..eagle import EagleConfig, EagleHead
 from ..heads import vocabulary_rows
 from ..passes import additive_mask
-from .distill import Answers
 from .recorded import choose_draft_vocab
+from .recorder import Recorded
 
 STEP_DECAY = 0.8  # each unrolled step's loss weighs this much less than the step before
 CHECKPOINT = "eagle_checkpoint.pt"
@@ -55,9 +61,10 @@ class EagleTrainingSettings:
     lr: float = 1e-3
     warmup_steps: int = 20
     batch_tokens: int = 512
-    unroll: int = 3  # training-time test steps
-    noise: float = 0.2  # uniform noise on the true input features, times their RMS
-    token_weight: float = 1.0  # KL on the next token, against the feature regression's 1
+    unroll: int = 7  # training-time test steps
+    noise: float = 0.2  # uniform noise on the true input states, times their RMS
+    feature_weight: float = 0.0  # the next-feature regression's weight, against the token KL's 1
+    fused: bool = True  # EAGLE-3: read a low, a middle and a high layer, fused; else the final state
     draft_vocab_size: int = 8192
     patience: int = 2  # epochs without a validation gain before training stops
     seed: int = 0
@@ -65,38 +72,41 @@ class EagleTrainingSettings:
 
 @dataclass
 class Sequence:
-    """One recorded answer with its prompt: tokens, the base model's features, where the answer starts."""
+    """One recorded answer with its prompt: tokens, the base model's states, where the answer starts."""
 
     tokens: torch.Tensor  # (L,) long
-    features: torch.Tensor  # (L, H) float32: f_j chose tokens[j + 1]
+    features: torch.Tensor  # (L, H): the final state f_j, which chose tokens[j + 1]
     answer_start: int
+    # (L, layers * H): the states a fused head reads for the text (None: it reads `features`)
+    inputs: torch.Tensor | None = None
+
+    @property
+    def text_states(self) -> torch.Tensor:
+        return self.features if self.inputs is None else self.inputs
 
 
-@torch.inference_mode()
-def sequences_from(model: PreTrainedModel, answers: Answers) -> list[Sequence]:
-    """Prompt + answer with the base model's feature at every position.
+def sequences_from(recorded: list[Recorded], layers: list[int], fused: bool) -> list[Sequence]:
+    """Training sequences from a recording's answers: prompt + answer, the states at every position.
 
-    The answer's features were recorded while it was written (`states[i]` chose answer token i);
-    only the prompt's are computed, by one pass over the prompt alone. The last answer token is
-    dropped from the tokens: the feature after it was never recorded, and it has no pair to form.
+    The recording keeps `layers` (recorder.feature_layers: three for EAGLE-3, then the final
+    state) at every position but the last, so the last answer token, whose state was never
+    computed, is dropped from the tokens: it has no pair to form.
     """
-    sequences, start = [], 0
-    pairs = list(zip(answers.prompts, answers.answers, strict=True))
-    for prompt, answer in tqdm(pairs, desc="prompt features", unit="answer"):
-        states = answers.states[start : start + len(answer)].float()
-        start += len(answer)
-        out = model(input_ids=torch.tensor([prompt]), output_hidden_states=True, use_cache=False, logits_to_keep=1)
-        prompt_features = out.hidden_states[-1][0, :-1].float()  # the last prompt state is states[0]
-        tokens = torch.tensor(prompt + answer[:-1])
-        sequences.append(Sequence(tokens, torch.cat([prompt_features, states]), len(prompt)))
-    return sequences
+    out = []
+    for r in recorded:
+        states = r.features  # (L, len(layers), H) float16
+        tokens = torch.tensor(r.prompt + r.answer[:-1])
+        inputs = states[:, :-1].flatten(1) if fused else None
+        out.append(Sequence(tokens, states[:, -1].clone(), len(r.prompt), inputs))
+    return out
 
 
 # ----- batches -----
 @dataclass
 class Batch:
     tokens: torch.Tensor  # (N,) the packed sequences
-    features: torch.Tensor  # (N, H)
+    features: torch.Tensor  # (N, H) final states, float32
+    inputs: torch.Tensor  # (N, F) what the draft reads for the text there, float32
     sequence: torch.Tensor  # (N,) which packed sequence each position belongs to
     local: torch.Tensor  # (N,) its position within that sequence
     target: torch.Tensor  # (N,) whether position j trains: f_{j+1} exists and chooses an answer token
@@ -111,7 +121,8 @@ def pack(sequences: list[Sequence]) -> Batch:
         # f_{j+1} chooses tokens[j + 2]: an answer token from j + 2 >= answer_start; the last
         # feature chooses what would follow the answer, still the base model's own distribution.
         target = (local + 1 <= length - 1) & (local + 2 >= s.answer_start)
-        parts.append((s.tokens, s.features, torch.full((length,), number), local, target))
+        parts.append((s.tokens, s.features.float(), s.text_states.float(), torch.full((length,), number), local,
+                      target))
     return Batch(*(torch.cat(column) for column in zip(*parts, strict=True)))
 
 
@@ -159,10 +170,13 @@ def unrolled_outputs(head: EagleHead, embedding: nn.Embedding, batch: Batch, ste
     """The draft's guessed next features at every position, for unrolled steps 1..steps (N, H) each."""
     next_tokens = torch.cat([batch.tokens[1:], batch.tokens[:1]])  # t_{j+1} (junk past a sequence's end)
     token_embeddings = embedding(next_tokens)[None].detach()
-    features = batch.features
+    states = batch.inputs
     if noise:
-        scale = noise * features.pow(2).mean().sqrt()
-        features = features + (torch.rand_like(features) * 2 - 1) * scale
+        # Each layer's states at their own scale: a low layer's are far smaller than a high one's.
+        layers = states.view(len(states), -1, head.config.hidden_size)
+        scale = noise * layers.pow(2).mean(dim=(0, 2), keepdim=True).sqrt()
+        states = (layers + (torch.rand_like(layers) * 2 - 1) * scale).view_as(states)
+    features = head.text_features(states)
     positions = batch.local[None]
     cache = DynamicCache(config=head.layer_config)
     outputs = []
@@ -184,11 +198,12 @@ def batch_loss(head: EagleHead, rows: nn.Linear, embedding: nn.Embedding, batch:
         trains = batch.target & (batch.local >= step - 1)
         if not trains.any():
             continue
-        regression = F.smooth_l1_loss(out[trains], target_features[trains])
         student = F.log_softmax(rows(out[trains]).float(), dim=-1)
-        kl = F.kl_div(student, teacher[trains], log_target=True, reduction="batchmean")
+        loss = F.kl_div(student, teacher[trains], log_target=True, reduction="batchmean")
+        if settings.feature_weight:
+            loss = loss + settings.feature_weight * F.smooth_l1_loss(out[trains], target_features[trains])
         weight = STEP_DECAY ** (step - 1)
-        total = total + weight * (regression + settings.token_weight * kl)
+        total = total + weight * loss
         weight_sum += weight
     return total / max(weight_sum, 1e-9)
 
@@ -265,13 +280,16 @@ def draft_rows(head: EagleHead, base: PreTrainedModel) -> nn.Module:
 
 
 
-def new_eagle_head(base: PreTrainedModel, train: list[Sequence], settings: EagleTrainingSettings) -> EagleHead:
-    """A fresh head over the draft vocabulary of the tokens the training answers hold most."""
+def new_eagle_head(base: PreTrainedModel, train: list[Sequence], settings: EagleTrainingSettings,
+                   text_layers: list[int] | None = None) -> EagleHead:
+    """A fresh head over the draft vocabulary of the tokens the training answers hold most; it
+    fuses the states of `text_layers` (EAGLE-3) or, with None, reads the final state (EAGLE-1)."""
     text = base.config.get_text_config(decoder=True)
     tokens = torch.cat([s.tokens[s.answer_start:] for s in train])
     vocab = choose_draft_vocab(tokens, settings.draft_vocab_size, text.vocab_size)
     torch.manual_seed(settings.seed)
-    head = EagleHead(EagleConfig(text.hidden_size, text.vocab_size, draft_vocab_size=len(vocab)), base)
+    config = EagleConfig(text.hidden_size, text.vocab_size, draft_vocab_size=len(vocab), feature_layers=text_layers)
+    head = EagleHead(config, base)
     head.draft_vocab.copy_(vocab)
     return head
 
