@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from decoding import available_drafters
 from decoding.drafters import DRAFTERS, check_settings, drafter_setting
+from decoding.drafters.medusa_heads import named_tree
 from decoding.errors import DecodingError
 from decoding.limits import PAGE_LIMITS, check_page_limits, tree_problem, tree_text_problem
 from decoding.model import LoadedModel
@@ -96,12 +97,10 @@ def tree_spec(model: LoadedModel, preset: str, text: str, num_heads: int) -> str
     validated list. Using the first n heads keeps the paths at most n deep, as the engine does."""
     if preset in ("", "default"):
         preset = model.default_tree
-    if preset not in model.trees:
-        raise DecodingError(f"unknown tree {preset!r}; known trees: {', '.join(model.trees)}")
+    preset_choices = named_tree(model, preset)
     if not text.strip():
         return preset
     choices = parse_tree_json(text)
-    preset_choices = model.trees[preset]
     if choices == preset_choices:
         return preset
     return [list(path) for path in checked_tree(choices, preset_choices, model.num_heads, num_heads).paths]

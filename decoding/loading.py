@@ -72,7 +72,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
             raise DecodingError(f"unsupported dtype {dtype}; use one of float32, bfloat16, float16")
         return dtype
     if dtype != "auto":
-        if dtype not in DTYPE_NAMES:
+        if not isinstance(dtype, str) or dtype not in DTYPE_NAMES:
             raise DecodingError(f"unknown dtype {dtype!r}; use auto or one of {sorted(DTYPE_NAMES)}")
         return DTYPE_NAMES[dtype]
     if device.type == "cuda":
@@ -220,6 +220,9 @@ def load_model(
     whether float32 or bfloat16 is faster here (`precision.py`); `attention` "auto" picks the
     exact gathered attention where half precision needs it (`resolve_attention`).
     """
+    for what, value in (("the model", name_or_path), ("heads", heads), *(sources or {}).items()):
+        if value is not None and not isinstance(value, str | Path):
+            raise DecodingError(f"{what}: a name, a directory or a hub id, not {value!r}")
     wanted = list(DRAFTERS) if drafters is None else _known_drafters(drafters)
     sources = dict(sources or {})
     for name in sources:

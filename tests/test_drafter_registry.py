@@ -75,13 +75,13 @@ def test_a_registered_drafter_is_offered_everywhere(repeat, tiny_llama):
 
 
 def test_unknown_names_are_refused_in_one_line(tiny_llama):
-    with pytest.raises(DecodingError, match="not 'nope'"):
+    with pytest.raises(DecodingError, match="no drafter is called 'nope'"):
         drafter_class("nope")
-    with pytest.raises(DecodingError, match="not 'nope'"):
+    with pytest.raises(DecodingError, match="no drafter is called 'nope'"):
         lanes.colour("nope")
     with pytest.raises(DecodingError, match="no drafter has a setting 'nope_tokens'"):
         check_settings(DecodeSettings(nope_tokens=3))
-    with pytest.raises(DecodingError, match="not 'nope'"):
+    with pytest.raises(DecodingError, match="no drafter is called 'nope'"):
         generate(tiny_llama, "abc", DecodeSettings(method="nope"))
 
 

@@ -36,15 +36,20 @@ def resolve_tree(lm: LoadedModel, settings: DecodeSettings) -> Tree:
     if spec == AUTO_TREE:
         return auto_tree(lm, num_heads)
     if isinstance(spec, str):
-        if spec not in lm.trees:
-            raise DecodingError(f"unknown tree {spec!r}; known trees: {', '.join(lm.trees)}")
-        tree = Tree.pruned(lm.trees[spec], num_heads, spec)
+        tree = Tree.pruned(named_tree(lm, spec), num_heads, spec)
     else:
         tree = Tree.from_choices(spec, num_heads)
     vocab = lm.heads.guess_vocab_size
     if tree.top_k > vocab:
         raise DecodingError(f"the tree reads rank {tree.top_k - 1} but the vocabulary has {vocab} tokens")
     return tree
+
+
+def named_tree(lm: LoadedModel, name: str) -> list[list[int]]:
+    """The choices of one of the model's trees (a preset, or one shipped with its heads), by name."""
+    if name not in lm.trees:
+        raise DecodingError(f"unknown tree {name!r}; known trees: {', '.join(lm.trees)}")
+    return lm.trees[name]
 
 
 def auto_tree(lm: LoadedModel, num_heads: int) -> Tree:

@@ -40,8 +40,8 @@ def methods() -> list[str]:
 def drafter_class(name: object) -> type[Drafter]:
     """The drafter called `name`, or a DecodingError listing those there are."""
     if not isinstance(name, str) or name not in DRAFTERS:
-        raise DecodingError(f"method must be {PLAIN} (plain decoding) or a drafter: {', '.join(DRAFTERS)}; "
-                            f"not {name!r}")
+        raise DecodingError(f"no drafter is called {name!r}: the drafters are {', '.join(DRAFTERS)} "
+                            f"(and {PLAIN} is plain decoding)")
     return DRAFTERS[name]
 
 
