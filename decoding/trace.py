@@ -6,10 +6,11 @@ JSON-ready and `RunTrace.from_dict(to_dict())` gives back an equal trace.
 
 Vocabulary used throughout:
 - a *pass* is one forward pass of the base model;
-- a *round* is one pass plus its bookkeeping: for Medusa, draft -> verify -> accept; for plain
-  autoregressive (AR) decoding, a round is one single-token step;
-- the *root* of a Medusa round is the token the base model chose at the end of the previous round
-  (or at prefill). It is already part of the output; the round verifies guesses that follow it.
+- a *round* is one pass plus its bookkeeping: with a drafter (Medusa's heads, EAGLE, a draft model,
+  prompt lookup), draft -> verify -> accept; for plain autoregressive (AR) decoding, a round is
+  one single-token step;
+- the *root* of a round is the token the base model chose at the end of the previous round (or
+  at prefill). It is already part of the output; the round verifies guesses that follow it.
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ class RoundTrace:
     position: int
     # Tokens this round added to the output, in order: accepted guesses, then the base model's
     # own next token ("bonus"). `emitted_from_drafter` says which of them were the drafter's
-    # guesses (Medusa's heads, a draft model's or prompt lookup's).
+    # guesses (Medusa's heads, EAGLE's, a draft model's or prompt lookup's).
     emitted_tokens: list[int]
     emitted_texts: list[str]
     emitted_from_drafter: list[bool]
