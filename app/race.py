@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from decoding.drafters import check_settings
 from decoding.errors import DecodingError
 from decoding.loops import generate
 from decoding.model import LoadedModel
@@ -138,9 +139,7 @@ def race(model: LoadedModel, prompt: str, settings: DecodeSettings, drafters: li
         raise DecodingError("tick at least one drafter to race against plain decoding (each once)")
     races = max(1, min(int(races), MAX_RACES))
     lanes = [PLAIN, *drafters]
-    methods = {lane: dataclasses.replace(settings, method=lane) for lane in lanes}
-    for lane_settings in methods.values():
-        lane_settings.validate()
+    methods = {lane: check_settings(dataclasses.replace(settings, method=lane)) for lane in lanes}
 
     yield RaceFrame("warm-up", races, lanes)
     for warm in methods.values():

@@ -66,7 +66,7 @@ def _token_span(text: str, depth: int, method: str) -> str:
     colour = head_colour(depth)
     kind = "base model" if depth == 0 else f"{guess_name(method, depth)} guess, accepted"
     return (
-        f'<span class="tok {"tok-base" if depth == 0 else "tok-head"}" '
+        f'<span class="tok {"tok-base" if depth == 0 else "tok-guess"}" '
         f'style="--tok:{colour}" title="{kind}">{html.escape(text)}</span>'
     )
 
@@ -75,7 +75,8 @@ def _pass_span(rnd: RoundTrace, current: int | None, method: str) -> str:
     """One round's tokens in a box; `data-round` lets a click on it select that round."""
     guessed = sum(rnd.emitted_from_drafter)
     spans = "".join(_token_span(text, depth + 1 if from_head else 0, method)
-                    for depth, (text, from_head) in enumerate(zip(rnd.emitted_texts, rnd.emitted_from_drafter)))
+                    for depth, (text, from_head) in enumerate(zip(rnd.emitted_texts, rnd.emitted_from_drafter,
+                                                                  strict=True)))
     title = f"round {rnd.index + 1}: {rnd.accepted_length} token(s), {guessed} from {who_guessed(method)}"
     mark = " current" if rnd.index == current else ""
     return f'<span class="pass{mark}" data-round="{rnd.index + 1}" title="{title}">{spans}</span>'
@@ -96,7 +97,7 @@ def stream_html(trace: RunTrace | None, until: float | None = None, show_prompt:
     if trace.prefill_token is not None and (until is None or trace.time_prefill <= until):
         parts.append('<span class="pass" title="prefill pass: the base model reads the prompt">'
                      f"{_token_span(trace.prefill_text, 0, method)}</span>")
-    for end, rnd in zip(round_end_times(trace), trace.rounds):
+    for end, rnd in zip(round_end_times(trace), trace.rounds, strict=True):
         if until is not None and end > until:
             break
         parts.append(_pass_span(rnd, current, method))

@@ -174,7 +174,7 @@ def test_a_recording_trains_a_fused_eagle_head_that_decodes_losslessly(tiny_dirs
     from decoding.cli import main
 
     folder = tiny_dirs["llama"]
-    base = load_model(folder, device="cpu", dtype="float32", with_draft=False, with_eagle=False, self_test=False)
+    base = load_model(folder, device="cpu", dtype="float32", drafters=(), self_test=False)
     texts = [f"the quick brown fox number {i} jumps over {'the lazy dog ' * (i % 3)}" for i in range(20)]
     settings = RecordingSettings(max_new_tokens=MAX_NEW, batch_size=6, shard_size=5)
     record(base.model, _Tokenizer(), texts, tmp_path / "recording", settings, {"model": "tiny"})
@@ -186,7 +186,7 @@ def test_a_recording_trains_a_fused_eagle_head_that_decodes_losslessly(tiny_dirs
     saved = json.loads((out / "eagle_config.json").read_text())
     assert saved["feature_layers"] == list(feature_layers(2)[:-1])
     assert saved["training"]["answer_tokens"]["train"] > 0 and len(saved["heldout"]["top1"]) == 6
-    lm = load_model(folder, device="cpu", dtype="float32", with_draft=False, eagle=str(out))
+    lm = load_model(folder, device="cpu", dtype="float32", drafters=("eagle",), sources={"eagle": str(out)})
     assert lm.eagle.fuse is not None
     prompt = "It is a truth universally"
     eagle = generate(lm, prompt, DecodeSettings(method="eagle", max_new_tokens=24, eagle_nodes=8))

@@ -20,6 +20,7 @@ import torch
 
 from ..errors import DecodingError
 from .base_model import load_base
+from .commands import command_line, settings_from
 from .recorded import coverage
 from .recording import finished_shards, load_shard
 from .train_eagle import (
@@ -69,8 +70,6 @@ def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_train_eagle(args: argparse.Namespace) -> int:
-    from .cli import command_line, settings_from
-
     settings = settings_from(EagleTrainingSettings, args)
     shards = [p for folder in args.recorded for p in finished_shards(folder)]
     held, checked = args.heldout_shards, args.validation_shards

@@ -125,7 +125,7 @@ def pack(sequences: list[Sequence]) -> Batch:
         target = (local + 1 <= length - 1) & (local + 2 >= s.answer_start)
         parts.append((s.tokens, s.features.float(), s.text_states.float(), torch.full((length,), number), local,
                       target))
-    return Batch(*(torch.cat(column) for column in zip(*parts)))
+    return Batch(*(torch.cat(column) for column in zip(*parts, strict=True)))
 
 
 def batches(sequences: list[Sequence], batch_tokens: int, rng: random.Random | None) -> list[Batch]:
