@@ -112,17 +112,13 @@ def run_record(args: argparse.Namespace) -> int:
 
 def add_record_bench_arguments(parser: argparse.ArgumentParser) -> None:
     _add_common(parser)
-    parser.add_argument("--count", type=int, default=128, help="questions answered by each contender")
-
-
-def _tokens_per_second(answer, questions) -> tuple[int, float]:
-    started = time.perf_counter()
-    tokens = answer(questions)
-    return tokens, tokens / (time.perf_counter() - started)
+    parser.add_argument("--count", type=int, default=128, help="questions answered by each contender a round")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds, each contender once a round")
 
 
 def run_record_bench(args: argparse.Namespace) -> int:
-    _positive(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, count=args.count, threads=args.threads)
+    _positive(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, count=args.count, rounds=args.rounds,
+              threads=args.threads)
     tokenizer, model = load_base(args.model, args.threads, batch_size_hint=args.batch_size, device=args.device)
     texts = read_questions(args.questions)[-args.count:]  # the list's end: answered last by `record`
     questions = [(i, chat_prompt_ids(tokenizer, t)) for i, t in enumerate(texts)]
@@ -151,8 +147,14 @@ def run_record_bench(args: argparse.Namespace) -> int:
             (f"generate, batch {args.batch_size}", generate, questions)]
     print(f"{args.model}, {len(questions)} questions, at most {args.max_new_tokens} new tokens, "
           f"{torch.get_num_threads()} threads, load before {os.getloadavg()[0]:.1f}")
-    for name, answer, qs in runs:
-        tokens, speed = _tokens_per_second(answer, qs)
-        print(f"{name:>22}: {speed:6.1f} answer tokens/s ({tokens:,} tokens, {len(qs)} questions, "
-              f"load {os.getloadavg()[0]:.1f})")
+    # Rounds in alternating order, so a neighbour's load falls on every contender alike.
+    totals = {name: [0, 0.0] for name, _, _ in runs}
+    for round_number in range(args.rounds):
+        for name, answer, qs in runs if round_number % 2 == 0 else reversed(runs):
+            started = time.perf_counter()
+            totals[name][0] += answer(qs)
+            totals[name][1] += time.perf_counter() - started
+    for name, (tokens, seconds) in totals.items():
+        print(f"{name:>22}: {tokens / seconds:6.1f} answer tokens/s ({tokens:,} tokens in {seconds:.0f} s)")
+    print(f"load after {os.getloadavg()[0]:.1f}")
     return 0
