@@ -27,7 +27,8 @@ greedy answer up to floating-point rounding (`tests/test_recorder.py` checks it 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator, Sequence
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -222,12 +223,21 @@ class ContinuousBatcher:
         return rows, cache, mask, tokens
 
     @torch.inference_mode()
-    def answers(self, questions: Sequence[tuple[int, list[int]]]) -> Iterator[Recorded]:
-        waiting = list(reversed(questions))  # popped from the end: in order
-        take = lambda n: [waiting.pop() for _ in range(min(n, len(waiting)))]  # noqa: E731
-        rows, cache, mask, tokens = self._prefill(take(self.batch_size)) if waiting else ([], None, None, [])
-        if not rows:
+    def answers(self, questions: Iterable[tuple[int, list[int]]]) -> Iterator[Recorded]:
+        """Read lazily: a question's prompt is only asked for when a row is free to take it."""
+        source = iter(questions)
+        waiting = True  # until the source runs dry
+
+        def take(count: int) -> list[tuple[int, list[int]]]:
+            nonlocal waiting
+            taken = list(itertools.islice(source, count))
+            waiting = len(taken) == count
+            return taken
+
+        first = take(self.batch_size)
+        if not first:
             return
+        rows, cache, mask, tokens = self._prefill(first)
         shared = _SharedCache(cache, mask)
         slots: list[_Row | None] = list(rows)
         next_tokens = torch.tensor(tokens, device=self.device)
@@ -239,8 +249,9 @@ class ContinuousBatcher:
                     slots[b] = None
                     shared.mask[b] = 0  # an empty slot sees only its newest column, whatever it holds
             free = [b for b, row in enumerate(slots) if row is None]
-            if waiting and len(free) >= min(self.refill_at, len(waiting)):
-                newcomers, new_cache, new_mask, new_tokens = self._prefill(take(len(free)))
+            newcomers = take(len(free)) if waiting and len(free) >= self.refill_at else []
+            if newcomers:
+                newcomers, new_cache, new_mask, new_tokens = self._prefill(newcomers)
                 used = free[: len(newcomers)]
                 shared.place(used, new_cache, new_mask)
                 for b, row, token in zip(used, newcomers, new_tokens, strict=True):

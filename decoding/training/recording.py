@@ -135,14 +135,14 @@ def record(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, questions
     size = settings.shard_size
     shards = range((len(questions) + size - 1) // size)
     pending = [s for s in shards if not shard_path(out, s).with_suffix(".json").exists()]
-    todo = [(i, chat_prompt_ids(tokenizer, questions[i]))
-            for s in pending for i in range(s * size, min((s + 1) * size, len(questions)))]
+    indices = [i for s in pending for i in range(s * size, min((s + 1) * size, len(questions)))]
+    todo = ((i, chat_prompt_ids(tokenizer, questions[i])) for i in indices)  # templated as rows free up
     stop_ids = stop_token_ids(model.generation_config)
     batcher = ContinuousBatcher(model, stop_ids, padding_id(tokenizer, stop_ids), settings.max_new_tokens,
                                 settings.batch_size)
     buckets: dict[int, list[Recorded]] = {s: [] for s in pending}
     tokens, started = 0, time.perf_counter()
-    bar = tqdm(total=len(todo), desc=f"record ({len(shards) - len(pending)}/{len(shards)} shards done before)",
+    bar = tqdm(total=len(indices), desc=f"record ({len(shards) - len(pending)}/{len(shards)} shards done before)",
                unit="answer", smoothing=0.05)
     for answer in batcher.answers(todo):
         shard = answer.question // size
