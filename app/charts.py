@@ -21,7 +21,7 @@ def timeline(trace: RunTrace) -> tuple[list[float], list[int]]:
     if trace.prefill_token is not None:
         times.append(trace.time_prefill)
         counts.append(1)
-    for end, rnd in zip(round_end_times(trace), trace.rounds):
+    for end, rnd in zip(round_end_times(trace), trace.rounds, strict=True):
         times.append(end)
         counts.append(counts[-1] + rnd.accepted_length)
     return times, counts
@@ -134,7 +134,7 @@ def speed_figure(run: RunTrace, race: RaceResult | None, look: Look = LAPTOP) ->
         cost, median = round_cost(race.timing("ar"), race.timing(method)), race.spread(method).median
         bars += [(f"cost of a {lanes.title(method)} round<br>(in plain steps)", cost, f"{cost:.2f}×", AR),
                  ("measured speedup<br>(median of the races)", median, f"{median:.2f}×", ACCEPTED)]
-    names, values, labels, colours = (list(column) for column in zip(*bars))
+    names, values, labels, colours = (list(column) for column in zip(*bars, strict=True))
     fig = go.Figure(go.Bar(x=names, y=values, marker_color=colours, text=labels, textposition="outside",
                            hovertemplate="%{x}: %{y:.2f}<extra></extra>"))
     fig.update_layout(title=dict(text="Tokens per pass vs. wall-clock speedup", x=0.01))

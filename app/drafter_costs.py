@@ -11,6 +11,7 @@ from decoding.race import RaceResult
 from decoding.trace import DrafterInfo
 
 from . import lanes
+from .lanes import DRAFT_MODEL, EAGLE, MEDUSA, PROMPT_LOOKUP
 from .tokens import md_text
 
 INVITATION = ("*Race with the **draft model** lane ticked (on a model that ships one) and this step puts "
@@ -46,7 +47,7 @@ def draft_passes_per_round(race: RaceResult, lane: str) -> float:
 
 
 def _draft_model(race: RaceResult) -> str:
-    info, timing = _drafter(race, "draft-model"), race.timing("draft-model")
+    info, timing = _drafter(race, DRAFT_MODEL), race.timing(DRAFT_MODEL)
     size = (f"**{count(info.parameters)} parameters**, {megabytes(info.weight_bytes)} of weights plus "
             f"{megabytes(info.cache_bytes)} of its own KV cache by the end of the run; " if info else "")
     return (f"- **The draft model**, a second network: {size}{draft_passes_per_round(race, 'draft-model'):.1f} "
@@ -64,7 +65,7 @@ def _medusa(race: RaceResult) -> str:
 
 
 def _eagle(race: RaceResult) -> str:
-    info, timing = _drafter(race, "eagle"), race.timing("eagle")
+    info, timing = _drafter(race, EAGLE), race.timing(EAGLE)
     size = (f"**{count(info.parameters)} parameters** ({megabytes(info.weight_bytes)}) over the big model's own "
             f"features, with a small KV cache of its own ({megabytes(info.cache_bytes)}); " if info else "")
     return (f"- **EAGLE's draft layer** (one decoder layer; see *After Medusa*): {size}"
@@ -74,7 +75,7 @@ def _eagle(race: RaceResult) -> str:
 
 
 def _lookup(race: RaceResult) -> str:
-    timing = race.timing("prompt-lookup")
+    timing = race.timing(PROMPT_LOOKUP)
     return (f"- **Prompt lookup**: no weights at all, it copies earlier text; drafting cost "
             f"**{race.draft_cost('prompt-lookup'):.2f} plain steps** a round; {timing.tokens_per_pass:.2f} tokens "
             f"per pass → {_speed(race, 'prompt-lookup')}.")
@@ -96,9 +97,9 @@ def drafter_comparison(race: RaceResult | None) -> str:
     model, an invitation to run one."""
     if race is None:
         return INVITATION
-    bullets = {"draft-model": _draft_model, "medusa": _medusa, "eagle": _eagle, "prompt-lookup": _lookup}
+    bullets = {DRAFT_MODEL: _draft_model, MEDUSA: _medusa, EAGLE: _eagle, PROMPT_LOOKUP: _lookup}
     present = [lane for lane in bullets if lane in race.lanes]
-    rows = [] if "draft-model" in present else [INVITATION, ""]
+    rows = [] if DRAFT_MODEL in present else [INVITATION, ""]
     rows += [f"**On your race** ({md_text(race.shown[present[0]].model)}, {len(race.races)} race(s)), each "
              "lane's drafting, measured:", "", *[bullets[lane](race) for lane in present], ""]
     if "medusa" in present:

@@ -19,10 +19,8 @@ from decoding.stats import verify_cost
 from decoding.trace import RoundTrace, RunTrace
 
 from .charts import acceptance_by_depth
+from .lanes import EAGLE
 from .tokens import md_text
-
-EAGLE = "eagle"
-
 
 # ----------------------------------------------------------------------------- one round
 

@@ -20,15 +20,11 @@ first round and at the end; a 5-node tree every 2 s.
 
 from __future__ import annotations
 
-import hashlib
 import html
-import json
 import logging
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import gradio as gr
 from gradio.components import Component
@@ -44,13 +40,15 @@ from . import charts, lanes, race_views, views
 from .eagle_views import GuessingAccuracy
 from .figure_style import Look
 from .inputs import (
+    PAGE_UNSET,
     RunRequest,
     decode_settings,
     describe_tree,
     format_choices,
     race_lanes,
 )
-from .models import ModelCache, require_offered
+from .models import require_offered
+from .store import cache, write_json
 from .text import Step, render_steps
 from .waiting import BOARD
 
@@ -61,10 +59,6 @@ FIGURES_SHARE = 0.1  # the most of a run's time spent building and drawing its f
 # them: on a 2-core CPU with the 64-node mc_sim_7b_63 tree, 0.8-1.2 s of the page's main thread
 # (Gradio draws each figure twice per update) against 0.18 s to build them.
 BROWSER_COST = 5.0
-DOWNLOADS = Path(tempfile.gettempdir()) / "medusa-playground-downloads"
-KEEP_DOWNLOADS = 32
-
-cache = ModelCache()
 LOG = logging.getLogger("medusa_playground")
 
 
@@ -89,7 +83,7 @@ class Page:
     race_plot: Component
     race_md: Component
     stats_md: Component
-    stats_plots: list[Component]
+    stats_plots: dict[str, Component]  # by figure name (views.STATS_FIGURES)
     banner_md: Component
     step_mds: list[Component]
     run_download: Component
@@ -100,14 +94,14 @@ class Page:
     prev_button: Component
     next_button: Component
     steps: list[Step]
-    learn_plots: list[Component] = field(default_factory=list)  # the walkthrough's own figures
+    learn_plots: dict[str, Component] = field(default_factory=dict)  # the walkthrough's figures, by name
 
     def inputs(self) -> set[Component]:
         # The states too: a refused run says whether the figures below are still the last one's.
         return {*self.request.values(), self.projector, self.width, self.run_state, self.race_state}
 
     def read(self, values: dict[Component, object]) -> RunRequest:
-        return RunRequest(**{name: values[component] for name, component in self.request.items()})
+        return RunRequest.of(**{name: values[component] for name, component in self.request.items()})
 
     def look(self, values: dict[Component, object]) -> Look:
         return look_of(values[self.projector], values[self.width])
@@ -122,7 +116,8 @@ class Page:
         return [self.slider, self.round_md, self.tree_plot, self.mask_plot, self.stream_box]
 
     def after_run(self) -> list[Component]:
-        return [self.stats_md, *self.stats_plots, self.banner_md, *self.step_mds, *self.learn_plots,
+        return [self.stats_md, *self.stats_plots.values(), self.banner_md, *self.step_mds,
+                *self.learn_plots.values(),
                 self.run_download, self.race_download]
 
 
@@ -267,20 +262,9 @@ def _stream_race(page: Page, values: dict, session: str) -> Iterator[dict]:
 
 # ----------------------------------------------------------------------------- after a run
 
-def write_json(name: str, data: dict) -> str:
-    """A file for a download button: DOWNLOADS/<content hash>/<name>, the oldest pruned, so a
-    long-running server keeps at most KEEP_DOWNLOADS of them."""
-    text = json.dumps(data, indent=1)
-    folder = DOWNLOADS / hashlib.sha256(text.encode()).hexdigest()[:16]
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / name
-    path.write_text(text, encoding="utf-8")
-    old = sorted(DOWNLOADS.iterdir(), key=lambda p: p.stat().st_mtime)[:-KEEP_DOWNLOADS]
-    for stale in old:
-        for file in stale.iterdir():
-            file.unlink(missing_ok=True)
-        stale.rmdir()
-    return str(path)
+def _by_name(components: dict[str, Component], figures: dict[str, object]) -> dict[Component, object]:
+    """Figures paired with their components by name: a figure without one fails here, loudly."""
+    return {components[name]: figure for name, figure in figures.items()}
 
 
 def model_accuracy(run: RunTrace | None, result: RaceResult | None) -> GuessingAccuracy:
@@ -295,17 +279,17 @@ def after_run(page: Page, values: dict) -> dict:
     result: RaceResult | None = values[page.race_state]
     look = page.look(values)
     accuracy = model_accuracy(run, result)
-    run_file = write_json("medusa_trace.json", run.to_dict()) if run else None
+    run_file = write_json(f"{run.settings.method}_trace.json", run.to_dict()) if run else None
     race_file = (write_json("race_traces.json", {
         "lanes": result.lanes, "focus": result.focus,
         "races": [{lane: trace.to_dict() for lane, trace in runs.items()} for runs in result.races]})
                  if result else None)
     return {
         page.stats_md: views.stats_text(run, result),
-        **dict(zip(page.stats_plots, views.stats_figures(run, result, look))),
+        **_by_name(page.stats_plots, views.stats_figures(run, result, look)),
         page.banner_md: views.learn_banner(run, result),
-        **dict(zip(page.step_mds, render_steps(page.steps, run, result, accuracy))),
-        **dict(zip(page.learn_plots, views.learn_figures(run, result, look, accuracy))),
+        **dict(zip(page.step_mds, render_steps(page.steps, run, result, accuracy), strict=True)),
+        **_by_name(page.learn_plots, views.learn_figures(run, result, look, accuracy)),
         page.run_download: gr.DownloadButton(value=run_file, interactive=run_file is not None),
         page.race_download: gr.DownloadButton(value=race_file, interactive=race_file is not None),
     }
@@ -317,8 +301,8 @@ def redraw(page: Page, values: dict) -> dict:
     view = views.round_view(run, int(values[page.slider]) - 1, look)
     return {page.tree_plot: view.tree, page.mask_plot: view.mask,
             page.race_plot: charts.race_figure(result, look=look),
-            **dict(zip(page.stats_plots, views.stats_figures(run, result, look))),
-            **dict(zip(page.learn_plots, views.learn_figures(run, result, look, model_accuracy(run, result))))}
+            **_by_name(page.stats_plots, views.stats_figures(run, result, look)),
+            **_by_name(page.learn_plots, views.learn_figures(run, result, look, model_accuracy(run, result)))}
 
 
 # ----------------------------------------------------------------------------- rounds
@@ -335,9 +319,18 @@ def step_round(page: Page, values: dict, delta: int) -> dict:
     return show_round(page, values, int(values[page.slider]) - 1 + delta)
 
 
-def jump_to_round(page: Page, values: dict, event: gr.EventData) -> dict:
+class RoundClick(gr.EventData):
+    """A click on a pass in the token stream (layout.STREAM_CLICKS sends the round it names).
+    Gradio builds one for a handler whose event argument has this type, as it does SelectData."""
+
+    def __init__(self, target: object, data: object) -> None:
+        super().__init__(target, data)
+        self.round = data.get("round") if isinstance(data, dict) else None
+
+
+def jump_to_round(page: Page, values: dict, event: RoundClick) -> dict:
     """A click on a pass in the stream: show that pass's round."""
-    number = (event._data or {}).get("round")
+    number = event.round
     if not isinstance(number, int) or number < 1:
         return {}
     return show_round(page, values, number - 1)
@@ -365,21 +358,27 @@ def play_tick(page: Page, values: dict) -> dict:
 
 # ----------------------------------------------------------------------------- settings
 
-def switch_model(name: str, previous: str, method: str) -> tuple:
+# What `switch_model` updates, by name (layout.py maps the names to the components).
+SWITCH_MODEL_OUTPUTS = ("model", "current_model", "model_card", "num_heads", "preset", "tree_text", "method",
+                        "lanes")
+
+
+def switch_model(name: str, previous: str, method: str) -> dict[str, object]:
     """Load the chosen model; if it cannot load, say why and go back to the previous one. The
-    drafter choices become the new model's; the chosen drafter stays where the model offers it."""
+    drafter choices become the new model's; the chosen drafter stays where the model offers it.
+    Updates by name (one of SWITCH_MODEL_OUTPUTS); a name left out keeps its component as it is."""
     try:
         model = cache.get(require_offered(name))
     except DecodingError as e:
         gr.Warning(toast_text(e))
-        return (previous, previous, *[gr.skip()] * 6)
+        return {"model": previous, "current_model": previous}
     drafters = available_drafters(model)
-    return (gr.skip(), name, views.model_card(model),
-            gr.Slider(maximum=model.num_heads, value=model.num_heads),
-            gr.Dropdown(choices=list(model.trees), value=model.default_tree),
-            format_choices(model.trees[model.default_tree]),
-            gr.Radio(choices=lanes.choices(drafters), value=method if method in drafters else drafters[0]),
-            gr.CheckboxGroup(choices=lanes.choices(drafters, short=True), value=default_lanes(drafters)))
+    return {"current_model": name, "model_card": views.model_card(model),
+            "num_heads": gr.Slider(maximum=model.num_heads, value=PAGE_UNSET),
+            "preset": gr.Dropdown(choices=list(model.trees), value=model.default_tree),
+            "tree_text": format_choices(model.trees[model.default_tree]),
+            "method": gr.Radio(choices=lanes.choices(drafters), value=method if method in drafters else drafters[0]),
+            "lanes": gr.CheckboxGroup(choices=lanes.choices(drafters, short=True), value=default_lanes(drafters))}
 
 
 def preset_text(model_name: str, preset: str) -> str:

@@ -8,22 +8,28 @@ from `DecodeSettings`, so the page, the CLI and the API start from the same valu
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from decoding import available_drafters
+from decoding.drafters import DRAFTERS, check_settings, drafter_setting
+from decoding.drafters.medusa_heads import named_tree
 from decoding.errors import DecodingError
 from decoding.limits import PAGE_LIMITS, check_page_limits, tree_problem, tree_text_problem
 from decoding.model import LoadedModel
 from decoding.race import DEFAULT_RACES
-from decoding.settings import MAX_EAGLE_NODES, DecodeSettings
-from decoding.tree import Tree
+from decoding.settings import PLAIN, DecodeSettings
+from decoding.tree import Tree, read_choices
 
 DEFAULTS = DecodeSettings()
+# What a slider or an API call sends for a setting left unset (a seed, EAGLE's size, the heads in
+# use): the engine's None.
+PAGE_UNSET = 0
 
 
 @dataclass(frozen=True)
 class RunRequest:
-    """The settings every model event reads, by name."""
+    """The settings every model event reads, by name; `options` holds the drafters' own, by the
+    names they declare (decoding.drafters)."""
 
     prompt: str
     model: str
@@ -32,18 +38,20 @@ class RunRequest:
     temperature: float = DEFAULTS.temperature
     epsilon: float = DEFAULTS.epsilon
     delta: float = DEFAULTS.delta
-    seed: int = -1  # -1: a fresh random seed
+    seed: int = -1  # any negative number: a fresh random seed
     preset: str = ""
     tree_text: str = ""  # the tree editor's JSON; "" means the preset as it is
-    num_heads: int = 0  # 0: all the model's heads
     races: int = DEFAULT_RACES
-    method: str = "medusa"  # the Playground's drafter
-    draft_tokens: int = DEFAULTS.draft_tokens
-    lookup_tokens: int = DEFAULTS.lookup_tokens
-    eagle_depth: int = DEFAULTS.eagle_depth
-    eagle_top_k: int = DEFAULTS.eagle_top_k
-    eagle_nodes: int = 0  # 0: as many as this machine's cost curve says pay
-    lanes: tuple[str, ...] = ("medusa",)  # the drafters the race runs beside plain decoding
+    method: str = DEFAULTS.method  # the Playground's drafter
+    lanes: tuple[str, ...] = (DEFAULTS.method,)  # the drafters the race runs beside plain decoding
+    options: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, **values: object) -> RunRequest:
+        """A request from the page's values by name: a drafter's setting goes to `options`."""
+        options = dict(values.pop("options", None) or {})
+        options.update((name, values.pop(name)) for name in list(values) if drafter_setting(name) is not None)
+        return cls(**values, options=options)
 
 
 def parse_tree_json(text: str) -> list[list[int]]:
@@ -52,10 +60,7 @@ def parse_tree_json(text: str) -> list[list[int]]:
     problem = tree_text_problem(text)
     if problem:
         raise DecodingError(problem)
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DecodingError(f"the tree JSON is malformed: {e.msg} at line {e.lineno}, column {e.colno}") from e
+    return read_choices(text)
 
 
 def format_choices(choices: list[list[int]]) -> str:
@@ -89,11 +94,12 @@ def describe_tree(text: str, preset_choices: list[list[int]] | None, model_heads
 def tree_spec(model: LoadedModel, preset: str, text: str, num_heads: int) -> str | list[list[int]]:
     """A preset name when the editor still holds that preset (or is empty), else the edited,
     validated list. Using the first n heads keeps the paths at most n deep, as the engine does."""
-    preset = preset if preset in model.trees else model.default_tree
+    if preset in ("", "default"):
+        preset = model.default_tree
+    preset_choices = named_tree(model, preset)
     if not text.strip():
         return preset
     choices = parse_tree_json(text)
-    preset_choices = model.trees[preset]
     if choices == preset_choices:
         return preset
     return [list(path) for path in checked_tree(choices, preset_choices, model.num_heads, num_heads).paths]
@@ -110,19 +116,16 @@ def whole(value: object, name: str) -> int:
     return int(number)
 
 
-def eagle_nodes(value: object) -> int | None:
-    """The page's and the API's count of EAGLE guesses verified a round: 0 asks for as many as
-    pay on this machine (the engine's None)."""
-    nodes = whole(value, "eagle_nodes")
-    if not 0 <= nodes <= MAX_EAGLE_NODES:
-        raise DecodingError(f"eagle_nodes must be a whole number from 1 to {MAX_EAGLE_NODES}, or 0 for as many "
-                            f"as pay here, not {nodes}")
-    return nodes or None
+def option_value(name: str, value: object) -> int | None:
+    """A drafter setting as the page sends it: a whole number, PAGE_UNSET for unset (None)."""
+    number = whole(value, name)
+    setting = drafter_setting(name)
+    return None if number == PAGE_UNSET and setting is not None and setting.unset else number
 
 
 def check_method(model: LoadedModel, method: object, plain: bool = False) -> str:
-    """`method` if `model` can run it (plain decoding "ar" too where `plain`), else DecodingError."""
-    offered = (["ar"] if plain else []) + available_drafters(model)
+    """`method` if `model` can run it (plain decoding too where `plain`), else DecodingError."""
+    offered = ([PLAIN] if plain else []) + available_drafters(model)
     if method not in offered:
         raise DecodingError(f"{model.name} offers no drafter {method!r}: choose one of {', '.join(offered)}")
     return str(method)
@@ -130,50 +133,44 @@ def check_method(model: LoadedModel, method: object, plain: bool = False) -> str
 
 def decode_settings(model: LoadedModel, request: RunRequest, methods: list[str] | None = None) -> DecodeSettings:
     """The visitor's choices as engine settings for `methods` (default: the Playground's drafter),
-    all of which the model must offer; the first is the settings' method. Validated: DecodingError
-    if anything is off. The tree is read only where Medusa runs: a half-edited tree never blocks a
-    draft model or prompt lookup. The page's limits (decoding.limits) apply: the prompt's
-    length, the tokens a run writes, the tree's size and the run's time."""
+    all of which the model must offer; the first is the settings' method. Checked by the engine's
+    one validation (decoding.drafters.check_settings). The tree is read only where a drafter that
+    takes one runs: a half-edited tree never blocks a draft model or prompt lookup. The page's
+    limits (decoding.limits) apply: the prompt's length, the tokens a run writes, the tree's size
+    and the run's time."""
     methods = [check_method(model, method, plain=True) for method in (methods or [request.method])]
-    medusa = "medusa" in methods
-    heads = int(request.num_heads) or model.num_heads
-    if medusa and not 1 <= heads <= model.num_heads:
+    options = {name: option_value(name, value) for name, value in request.options.items()}
+    takes_tree = any(DRAFTERS[m].takes_tree for m in methods if m != PLAIN)
+    heads = options.get("num_heads") or model.num_heads
+    if takes_tree and not 1 <= heads <= model.num_heads:
         raise DecodingError(f"{model.name} has {model.num_heads} heads: use 1 to {model.num_heads}")
-    seed = request.seed
     max_new_tokens = whole(request.max_new_tokens, "max_new_tokens")
     check_page_limits(request.prompt, max_new_tokens, None)
-    settings = DecodeSettings(
-        method=methods[0], max_new_tokens=max_new_tokens,
-        acceptance=request.acceptance,
-        temperature=float(request.temperature), epsilon=float(request.epsilon), delta=float(request.delta),
-        seed=None if seed is None or seed < 0 else int(seed),
-        tree=tree_spec(model, request.preset, request.tree_text, heads) if medusa else "default",
-        num_heads=heads if medusa else None,
-        draft_tokens=whole(request.draft_tokens, "draft_tokens"),
-        lookup_tokens=whole(request.lookup_tokens, "lookup_tokens"),
-        eagle_depth=whole(request.eagle_depth, "eagle_depth"),
-        eagle_top_k=whole(request.eagle_top_k, "eagle_top_k"),
-        eagle_nodes=eagle_nodes(request.eagle_nodes),
-        time_limit=PAGE_LIMITS.run_seconds,
-    )
-    settings.validate()
-    return settings
+    seed = -1 if request.seed is None else whole(request.seed, "seed")
+    return check_settings(DecodeSettings(
+        method=methods[0], max_new_tokens=max_new_tokens, acceptance=request.acceptance,
+        temperature=request.temperature, epsilon=request.epsilon, delta=request.delta,
+        seed=None if seed < 0 else seed,
+        tree=tree_spec(model, request.preset, request.tree_text, heads) if takes_tree else "default",
+        time_limit=PAGE_LIMITS.run_seconds, options=options,
+    ))
 
 
 def api_request(prompt: str, model: str, tree: str, **fields: object) -> RunRequest:
     """A `/trace` call as the page's request: `tree` is a preset name, "default" (the model's
     own) or a choices list as JSON, which is checked as the tree editor's text is."""
-    json_tree = isinstance(tree, str) and tree.lstrip().startswith("[")
-    return RunRequest(prompt=prompt, model=model, preset="" if json_tree else tree,
-                      tree_text=tree if json_tree else "", **fields)
+    if not isinstance(tree, str):
+        raise DecodingError(f"tree must be a preset name, \"default\" or a choices list as JSON text, not {tree!r}")
+    json_tree = tree.lstrip().startswith("[")
+    return RunRequest.of(prompt=prompt, model=model, preset="" if json_tree else tree,
+                         tree_text=tree if json_tree else "", **fields)
 
 
 def race_lanes(model: LoadedModel, request: RunRequest) -> list[str]:
     """The drafters ticked for the race, in the order the model offers them (each checked)."""
     ticked = list(request.lanes or [])
     if not ticked:
-        raise DecodingError("tick at least one drafter (Medusa, draft model, prompt lookup) to race against "
-                            "plain decoding")
+        raise DecodingError("tick at least one drafter to race against plain decoding")
     for lane in ticked:
         check_method(model, lane)
     return [name for name in available_drafters(model) if name in ticked]

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import gradio as gr
+from gradio.components import Component
 
 from decoding import available_drafters
 from decoding.assets import ASSETS_DIR
@@ -24,7 +25,7 @@ from decoding.prompts import example_prompts
 from decoding.race import DEFAULT_RACES, MAX_RACES, default_lanes
 from decoding.settings import DecodeSettings
 
-from . import handlers, lanes, sidebar
+from . import handlers, lanes, sidebar, store
 from .api import trace_api
 from .figure_style import MASK_SHARE, SIDEBAR_CLOSED_BELOW, SIDEBAR_PX, message_figure
 from .gpu import ON_ZERO_GPU, gpu
@@ -103,7 +104,7 @@ def build_demo() -> gr.Blocks:
     """Load the default model, warm it up, and lay out the page."""
     choices = model_choices()
     default = choices[0][1]
-    model = handlers.cache.get(default)
+    model = store.cache.get(default)
     if not ON_ZERO_GPU:  # on ZeroGPU there is no GPU outside a request to warm up on
         warm_up(model)
     steps = load_steps()
@@ -133,8 +134,8 @@ def build_demo() -> gr.Blocks:
                 model_dd = gr.Dropdown(choices, value=default, label="Model", info=model_note(),
                                        elem_id="model-dropdown")
                 with gr.Row(elem_id="run-row"):
-                    max_new = gr.Slider(1, MAX_NEW_TOKENS_UI, value=DEFAULTS.max_new_tokens, step=1, precision=0,
-                                        label="Max new tokens", min_width=150, elem_id="max-new-tokens")
+                    max_new = gr.Slider(1, PAGE_LIMITS.max_new_tokens, value=DEFAULTS.max_new_tokens, step=1,
+                                        precision=0, label="Max new tokens", min_width=150, elem_id="max-new-tokens")
                     with gr.Column(min_width=120, scale=0, elem_id="run-buttons"):
                         run_btn = gr.Button("Run", variant="primary", elem_id="run-button", size="md")
                         race_btn = gr.Button("Race vs plain", elem_id="race-button", size="md")
@@ -156,9 +157,9 @@ def build_demo() -> gr.Blocks:
                 with gr.Column(elem_id="stats-figures"):
                     empty = stats_figures(None, None)
                     with gr.Row():
-                        hist_plot = gr.Plot(empty[0], show_label=False)
-                        heads_plot = gr.Plot(empty[1], show_label=False)
-                    speed_plot = gr.Plot(empty[2], show_label=False)
+                        hist_plot = gr.Plot(empty["histogram"], show_label=False)
+                        heads_plot = gr.Plot(empty["depths"], show_label=False)
+                    speed_plot = gr.Plot(empty["speed"], show_label=False)
             with gr.Tab("Learn", id="learn"):
                 banner_md = gr.Markdown(learn_banner(None, None))
                 step_mds, learn_plots = _walkthrough(steps, tabs)
@@ -175,7 +176,8 @@ def build_demo() -> gr.Blocks:
                          races=race_tab["races"], lanes=race_tab["lanes"],
                          **{k: v for k, v in drafter.items() if k != "tree_status"}),
             projector=projector, width=width, tabs=tabs, run_state=run_state, race_state=race_state,
-            stats_md=stats_md, stats_plots=[hist_plot, heads_plot, speed_plot], banner_md=banner_md,
+            stats_md=stats_md, stats_plots=dict(histogram=hist_plot, depths=heads_plot, speed=speed_plot),
+            banner_md=banner_md,
             step_mds=step_mds, run_download=run_dl, race_download=race_dl, playing=playing, timer=timer,
             steps=steps, learn_plots=learn_plots, **playground,
             **{k: v for k, v in race_tab.items() if k not in ("races", "lanes")},
@@ -193,7 +195,8 @@ def build_demo() -> gr.Blocks:
         tabs.change(None, js=RESIZE_PLOTS, **PRIVATE)
         projector.change(None, projector, None, js=TOGGLE_PROJECTOR, **PRIVATE)
         projector.change(_handler(handlers.redraw, page), {run_state, race_state, page.slider, projector, width},
-                         [page.tree_plot, page.mask_plot, page.race_plot, *page.stats_plots, *page.learn_plots],
+                         [page.tree_plot, page.mask_plot, page.race_plot, *page.stats_plots.values(),
+                          *page.learn_plots.values()],
                          **PRIVATE)
         gr.api(gpu(trace_api), api_name="trace", concurrency_id=MODEL_QUEUE, concurrency_limit=1)
     # Redrawing events may run side by side; model work has its own queue of one (MODEL_QUEUE).
@@ -299,7 +302,7 @@ def _wire_rounds(page: Page) -> None:
     def following(values: dict) -> dict:
         return handlers.step_round(page, values, +1)
 
-    def clicked(values: dict, event: gr.EventData) -> dict:
+    def clicked(values: dict, event: handlers.RoundClick) -> dict:
         return handlers.jump_to_round(page, values, event)
 
     page.slider.release(show, inputs, outputs, **quiet)
@@ -311,20 +314,29 @@ def _wire_rounds(page: Page) -> None:
     page.timer.tick(_handler(handlers.play_tick, page), inputs, play_outputs, **quiet)
 
 
+def _by_name(fn: Callable[..., dict], components: dict[str, Component], example: object = None,
+             names: tuple[str, ...] | None = None) -> tuple[Callable[..., dict], list[Component]]:
+    """`fn`, which returns updates by name, as a Gradio handler returning them by component, and
+    the components it may update (`names`, or the names it returns for `example`)."""
+    outputs = [components[name] for name in (names or fn(example))]
+
+    def handler(*args: object) -> dict:
+        return {components[name]: update for name, update in fn(*args).items()}
+    return handler, outputs
+
+
 def _wire_settings(page: Page, model_dd: gr.Dropdown, current_model: gr.State, model_md: gr.Markdown,
                    example_dd: gr.Dropdown, examples: list[tuple[str, str]], tree_md: gr.Markdown) -> None:
     request = page.request
-    request["acceptance"].change(sidebar.acceptance_controls, request["acceptance"],
-                                 [request["temperature"], request["epsilon"], request["delta"], request["seed"]],
-                                 **PRIVATE)
-    model_dd.change(gpu(handlers.switch_model, duration=180), [model_dd, current_model, request["method"]],
-                    [model_dd, current_model, model_md, request["num_heads"], request["preset"],
-                     request["tree_text"], request["method"], request["lanes"]],
+    controls = {**request, "tree_status": tree_md, "model": model_dd, "current_model": current_model,
+                "model_card": model_md}
+    show, outputs = _by_name(sidebar.acceptance_controls, controls, DEFAULTS.acceptance)
+    request["acceptance"].change(show, request["acceptance"], outputs, **PRIVATE)
+    switch, outputs = _by_name(handlers.switch_model, controls, names=handlers.SWITCH_MODEL_OUTPUTS)
+    model_dd.change(gpu(switch, duration=180), [model_dd, current_model, request["method"]], outputs,
                     concurrency_id=MODEL_QUEUE, concurrency_limit=1, **PRIVATE)
-    request["method"].change(sidebar.drafter_controls, request["method"],
-                             [request["preset"], request["tree_text"], tree_md, request["num_heads"],
-                              request["draft_tokens"], request["lookup_tokens"], request["eagle_depth"],
-                              request["eagle_top_k"], request["eagle_nodes"]], **PRIVATE)
+    show, outputs = _by_name(sidebar.drafter_controls, controls, DEFAULTS.method)
+    request["method"].change(show, request["method"], outputs, **PRIVATE)
     request["preset"].change(handlers.preset_text, [model_dd, request["preset"]], request["tree_text"], **PRIVATE)
     for source in (request["tree_text"].change, request["num_heads"].change):
         source(handlers.tree_status, [request["tree_text"], request["num_heads"], model_dd, request["preset"]],
@@ -339,19 +351,20 @@ def _wire_settings(page: Page, model_dd: gr.Dropdown, current_model: gr.State, m
     example_dd.change(pick_example, example_dd, [request["prompt"], model_dd], **PRIVATE)
 
 
-def _walkthrough(steps: list[Step], tabs: gr.Tabs) -> tuple[list[gr.Markdown], list[gr.Plot]]:
+def _walkthrough(steps: list[Step], tabs: gr.Tabs) -> tuple[list[gr.Markdown], dict[str, gr.Plot]]:
     """The Learn steps, each with a button that takes you to the live figure it explains; a step
     with a figure of its own (the measured cost of a pass) draws it beside its text."""
-    step_mds, plots = [], []
+    step_mds, plots = [], {}
     initial = render_steps(steps, None, None)
-    figures = iter(learn_figures(None, None))
+    figures = learn_figures(None, None)
     with gr.Walkthrough(selected=0) as walkthrough:
-        for i, (step, text) in enumerate(zip(steps, initial)):
+        for i, (step, text) in enumerate(zip(steps, initial, strict=True)):
             with gr.Step(step.label, id=i):
                 if step.figure:
                     with gr.Row(elem_classes="learn-with-figure"):
                         step_mds.append(gr.Markdown(text, elem_id=f"learn-step-{i + 1}"))
-                        plots.append(gr.Plot(next(figures), show_label=False, elem_id=f"learn-{step.figure}"))
+                        plots[step.figure] = gr.Plot(figures[step.figure], show_label=False,
+                                                     elem_id=f"learn-{step.figure}")
                 else:
                     step_mds.append(gr.Markdown(text, elem_id=f"learn-step-{i + 1}"))
                 with gr.Row():

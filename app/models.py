@@ -22,7 +22,7 @@ import torch
 
 from decoding import available_drafters
 from decoding.assets import EMBEDDED_MODELS_DIR, HEADS_CONFIG, read_heads_config
-from decoding.drafters import adopt_auto_tree
+from decoding.drafters.medusa_heads import adopt_auto_tree
 from decoding.errors import DecodingError
 from decoding.fetch import WHEEL_MODELS, is_fetched, not_fetched_message
 from decoding.loading import available_models, embedded_model_title, embedded_models, load_model

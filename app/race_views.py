@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
+from decoding.drafters import drafter_class
 from decoding.measure import busy_note
 from decoding.race import PLAIN, RaceFrame, RaceResult, lane_order
 from decoding.stats import Spread, round_cost
@@ -73,10 +74,9 @@ def lane_note(lane: str, trace: RunTrace | None) -> str:
     if trace is None:
         return ""
     settings = trace.settings
-    if lane == "eagle":
+    if lane == lanes.EAGLE:
         return eagle_views.lane_note(trace)
-    return {"medusa": f"tree {settings.tree}", "draft-model": f"{settings.draft_tokens} tokens a round",
-            "prompt-lookup": f"copies up to {settings.lookup_tokens} tokens"}.get(lane, "")
+    return drafter_class(lane).shape(settings)
 
 
 def lane_row(lane: str, trace: RunTrace | None, clock: float) -> str:

@@ -1,9 +1,10 @@
 """The sidebar's decoding settings: the controls of each drafter and of the acceptance rule, and
 which of them are shown.
 
-Only the chosen drafter's controls are shown, and only the acceptance rule's own numbers; the
-callbacks that show and hide them (`drafter_controls`, `acceptance_controls`) return plain
-tuples in the order their events list the components in layout.py. No model is run here.
+Each drafter's controls come from the settings it declares (decoding.drafters); only the chosen
+drafter's are shown, and only the acceptance rule's own numbers. The callbacks that show and hide
+them (`drafter_controls`, `acceptance_controls`) name the controls they update. No model is run
+here.
 """
 
 from __future__ import annotations
@@ -12,53 +13,47 @@ import gradio as gr
 from gradio.components import Component
 
 from decoding import available_drafters
+from decoding.drafters import DRAFTERS, Drafter
 from decoding.model import LoadedModel
-from decoding.settings import MAX_EAGLE_DEPTH, MAX_EAGLE_NODES, MAX_EAGLE_TOP_K, DecodeSettings
+from decoding.settings import DecodeSettings, Setting
 
 from . import lanes
-from .inputs import describe_tree, format_choices
+from .inputs import PAGE_UNSET, describe_tree, format_choices
 
 DEFAULTS = DecodeSettings()
-MAX_DRAFT_UI = 10  # the sliders' ranges; the API takes up to the engine's MAX_DRAFT_TOKENS
-MAX_LOOKUP_UI = 20
+TREE_CONTROLS = ("preset", "tree_text", "tree_status")  # shown for a drafter that takes a tree
+
+
+def setting_slider(setting: Setting, model: LoadedModel, visible: bool) -> gr.Slider:
+    """A drafter setting's slider, from its declaration: its limits (the page's own where it
+    stops sooner), its default, and 0 for "unset" where unset is allowed."""
+    high = model.num_heads if setting.name == "num_heads" else setting.page_high or setting.high
+    low, value = (PAGE_UNSET, PAGE_UNSET) if setting.unset else (setting.low, setting.default)
+    info = f"{PAGE_UNSET}: {setting.unset}" if setting.unset else None
+    return gr.Slider(low, high, value=value, step=1, precision=0, label=setting.label or setting.name,
+                     info=info, visible=visible, elem_id=setting.name.replace("_", "-"))
 
 
 def drafter_settings(model: LoadedModel) -> dict[str, Component]:
-    """The drafter and its settings: the tree for Medusa, the draft length for a draft model, the
-    lookup length for prompt lookup, the depth, top-k and size of EAGLE's tree (only the chosen
-    drafter's are shown; see `drafter_controls`)."""
+    """The drafter and its settings: the tree for a drafter that takes one (Medusa), and a slider
+    for each setting each drafter declares (only the chosen drafter's are shown; see
+    `drafter_controls`)."""
     drafters = available_drafters(model)
-    method = "medusa" if "medusa" in drafters else drafters[0]
-    medusa = method == "medusa"
+    method = DEFAULTS.method if DEFAULTS.method in drafters else drafters[0]
+    takes_tree = DRAFTERS[method].takes_tree
     controls = dict(method=gr.Radio(lanes.choices(drafters), value=method, label="Drafter (who guesses ahead)",
                                     elem_id="drafter"))
     controls["preset"] = gr.Dropdown(list(model.trees), value=model.default_tree, label="Tree preset",
-                                     elem_id="tree-preset", visible=medusa)
+                                     elem_id="tree-preset", visible=takes_tree)
     controls["tree_text"] = gr.Code(format_choices(model.trees[model.default_tree]), language="json",
                                     label="Tree: one path of ranks per node", lines=6,
-                                    max_lines=12, elem_id="tree-json", visible=medusa)
+                                    max_lines=12, elem_id="tree-json", visible=takes_tree)
     controls["tree_status"] = gr.Markdown(describe_tree(controls["tree_text"].value, model.trees[model.default_tree],
                                                         model.num_heads, model.num_heads),
-                                          elem_id="tree-status", visible=medusa)
-    controls["num_heads"] = gr.Slider(1, model.num_heads, value=model.num_heads, step=1, precision=0,
-                                      label="Heads to use", visible=medusa)
-    controls["draft_tokens"] = gr.Slider(1, MAX_DRAFT_UI, value=DEFAULTS.draft_tokens, step=1, precision=0,
-                                         label="Draft length (tokens the draft model writes a round)",
-                                         visible=method == "draft-model", elem_id="draft-tokens")
-    controls["lookup_tokens"] = gr.Slider(1, MAX_LOOKUP_UI, value=DEFAULTS.lookup_tokens, step=1, precision=0,
-                                          label="Lookup length (most tokens copied a round)",
-                                          visible=method == "prompt-lookup", elem_id="lookup-tokens")
-    eagle = method == "eagle"
-    controls["eagle_depth"] = gr.Slider(1, MAX_EAGLE_DEPTH, value=DEFAULTS.eagle_depth, step=1, precision=0,
-                                        label="EAGLE: depth", info="levels its tree grows to", visible=eagle,
-                                        elem_id="eagle-depth")
-    controls["eagle_top_k"] = gr.Slider(1, MAX_EAGLE_TOP_K, value=DEFAULTS.eagle_top_k, step=1, precision=0,
-                                        label="EAGLE: top-k", info="nodes expanded a level, and guesses from each",
-                                        visible=eagle, elem_id="eagle-top-k")
-    controls["eagle_nodes"] = gr.Slider(0, MAX_EAGLE_NODES, value=0, step=1, precision=0,
-                                        label="EAGLE: guesses verified",
-                                        info="a round; 0: as many as pay on this machine",
-                                        visible=eagle, elem_id="eagle-nodes")
+                                          elem_id="tree-status", visible=takes_tree)
+    for name, cls in DRAFTERS.items():
+        for setting in cls.settings:
+            controls[setting.name] = setting_slider(setting, model, visible=name == method)
     return controls
 
 
@@ -76,16 +71,19 @@ def acceptance_settings() -> dict[str, Component]:
     )
 
 
-def drafter_controls(method: str) -> tuple:
-    """The tree's controls for Medusa, the draft length for a draft model, the lookup length for
-    prompt lookup, the depth, top-k and size of EAGLE's tree: only the chosen drafter's are shown."""
-    medusa = method == "medusa"
-    return (*[gr.update(visible=medusa)] * 4, gr.Slider(visible=method == "draft-model"),
-            gr.Slider(visible=method == "prompt-lookup"), *[gr.Slider(visible=method == "eagle")] * 3)
+def drafter_controls(method: str) -> dict[str, dict]:
+    """Visibility updates, by control name: the tree's controls for a drafter that takes one, and
+    each drafter's own settings for that drafter alone."""
+    chosen: type[Drafter] | None = DRAFTERS.get(method)
+    shown = dict.fromkeys(TREE_CONTROLS, chosen is not None and chosen.takes_tree)
+    for name, cls in DRAFTERS.items():
+        shown.update((setting.name, name == method) for setting in cls.settings)
+    return {name: gr.update(visible=visible) for name, visible in shown.items()}
 
 
-def acceptance_controls(acceptance: str) -> tuple:
-    """Temperature and seed matter only when sampling; ε and δ only for typical acceptance."""
-    sampling = acceptance != "greedy"
-    return (gr.Slider(visible=sampling), gr.Slider(visible=acceptance == "typical"),
-            gr.Slider(visible=acceptance == "typical"), gr.Number(visible=sampling))
+def acceptance_controls(acceptance: str) -> dict[str, dict]:
+    """Visibility updates, by control name: temperature and seed matter only when sampling; ε and
+    δ only for typical acceptance."""
+    sampling, typical = acceptance != "greedy", acceptance == "typical"
+    return {"temperature": gr.update(visible=sampling), "epsilon": gr.update(visible=typical),
+            "delta": gr.update(visible=typical), "seed": gr.update(visible=sampling)}

@@ -211,7 +211,7 @@ def curve_values(curve: CostCurve | None, tree_nodes: int | None) -> dict[str, s
         return {"cost_curve": "This run did not time passes of different sizes on this machine, so the "
                               "figure is empty; the Race tab's round costs measure the same thing.",
                 "curve_tree_cost": ""}
-    points = [(size, cost) for size, cost in zip(curve.sizes, curve.costs) if size > 1]
+    points = [(size, cost) for size, cost in zip(curve.sizes, curve.costs, strict=True) if size > 1]
     sampled = points if len(points) <= 4 else [points[0], points[len(points) // 3],
                                                points[2 * len(points) // 3], points[-1]]
     said = [f"over {size} tokens {cost:.2f}" for size, cost in sampled]

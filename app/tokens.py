@@ -71,7 +71,7 @@ def _token_span(text: str, depth: int, method: str, end: bool = False) -> str:
     if end:
         kind, shown = f"{kind}: the model's end-of-text token {html.escape(text)}", "⏹ end of text"
     return (
-        f'<span class="tok {"tok-base" if depth == 0 else "tok-head"}{" tok-end" if end else ""}" '
+        f'<span class="tok {"tok-base" if depth == 0 else "tok-guess"}{" tok-end" if end else ""}" '
         f'style="--tok:{colour}" title="{kind}">{shown}</span>'
     )
 

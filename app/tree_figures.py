@@ -20,7 +20,7 @@ from decoding.trace import RoundTrace, TreeTrace
 
 from . import eagle_views
 from .figure_style import LAPTOP, MASK_SHARE, SIDEBAR_CLOSED_BELOW, SIDEBAR_PX, Look, base_layout, message_figure
-from .lanes import guess_name
+from .lanes import DRAFT_MODEL, EAGLE, PROMPT_LOOKUP, guess_name
 from .palette import ACCEPTED, ALLOWED, BASE, BLOCKED, INK, head_colour
 from .tokens import figure_text
 from .tree_layout import leaf_count, tidy_layout
@@ -55,17 +55,17 @@ def tree_height(tree: TreeTrace, look: Look = LAPTOP, rows: int | None = None) -
 def drafter_of(rnd: RoundTrace) -> str:
     """Who proposed the round's guesses, as the trace records it per node ("base" in a round
     that verified its root alone: there is no guess to name, unless EAGLE drafted candidates it cut)."""
-    return "eagle" if rnd.drafted is not None else rnd.node_sources[-1]
+    return EAGLE if rnd.drafted is not None else rnd.node_sources[-1]
 
 
-def head_prob(rnd: RoundTrace, tree: TreeTrace, node: int) -> float | None:
+def guess_prob(rnd: RoundTrace, tree: TreeTrace, node: int) -> float | None:
     """The drafter's own probability for the guess at `node`: a head's softmax or the draft
     model's or EAGLE's draft (None for the root, and for prompt lookup, which copies with no probability)."""
     if node and rnd.drafted is not None:
         return eagle_views.node_prob(rnd, node)
     if node == 0 or not rnd.guess_probs:
         return None
-    return rnd.guess_probs[tree.heads[node] - 1][tree.ranks[node]]
+    return rnd.guess_probs[tree.depths[node] - 1][tree.ranks[node]]
 
 
 def _node_hover(tree: TreeTrace, rnd: RoundTrace, node: int, accepted: set[int]) -> str:
@@ -76,12 +76,12 @@ def _node_hover(tree: TreeTrace, rnd: RoundTrace, node: int, accepted: set[int])
     if node == 0:
         return f"<b>root</b> '{token}'<br>the token the previous pass chose<br>{after}"
     parent = tree.parents[node]
-    p_head = head_prob(rnd, tree, node)
+    p_guess = guess_prob(rnd, tree, node)
     p_base = rnd.node_base_probs[node]
     verdict = "accepted ✓" if node in accepted else "rejected ✗"
     lines = [
         f"<b>node {node}</b> '{token}' — {verdict}",
-        *_proposer(tree, rnd, node, p_head),
+        *_proposer(tree, rnd, node, p_guess),
         f"base model's probability of it: {p_base:.2f}" if p_base is not None else "",
         f"base model's most likely token here: '{figure_text(rnd.base_argmax_texts[parent])}' "
         f"(p={rnd.base_argmax_probs[parent]:.2f})",
@@ -90,20 +90,20 @@ def _node_hover(tree: TreeTrace, rnd: RoundTrace, node: int, accepted: set[int])
     return "<br>".join(line for line in lines if line)
 
 
-def _proposer(tree: TreeTrace, rnd: RoundTrace, node: int, p_head: float | None) -> list[str]:
+def _proposer(tree: TreeTrace, rnd: RoundTrace, node: int, p_guess: float | None) -> list[str]:
     """Who proposed the node, and how sure it was."""
     depth, drafter = tree.depths[node], drafter_of(rnd)
-    if drafter == "draft-model":
+    if drafter == DRAFT_MODEL:
         rank = f" (its choice {tree.ranks[node] + 1} there)" if tree.ranks[node] else ""
         return [f"the draft model's guess, {depth} token(s) after the root{rank}",
-                f"draft model's probability: {p_head:.2f}" if p_head is not None else ""]
-    if drafter == "eagle":
+                f"draft model's probability: {p_guess:.2f}" if p_guess is not None else ""]
+    if drafter == EAGLE:
         return eagle_views.proposer_lines(rnd, node)
-    if drafter == "prompt-lookup":
+    if drafter == PROMPT_LOOKUP:
         where = f"position {rnd.copied_from + depth - 1}" if rnd.copied_from is not None else "earlier"
         return [f"copied from {where} of the text (prompt + answer so far)"]
-    return [f"head {tree.heads[node]}, rank {tree.ranks[node] + 1} (its top-{tree.ranks[node] + 1} guess)",
-            f"head's probability: {p_head:.2f}" if p_head is not None else ""]
+    return [f"head {tree.depths[node]}, rank {tree.ranks[node] + 1} (its top-{tree.ranks[node] + 1} guess)",
+            f"head's probability: {p_guess:.2f}" if p_guess is not None else ""]
 
 
 def _edge_trace(points: list[tuple[tuple[float, float], tuple[float, float]]], *, name: str,
@@ -204,7 +204,7 @@ def _node_trace(tree: TreeTrace, rnd: RoundTrace, nodes: list[int], pos: dict[in
     depth = tree.depths[nodes[0]]
     sizes = []
     for n in nodes:
-        p = head_prob(rnd, tree, n)
+        p = guess_prob(rnd, tree, n)
         sizes.append((8 + 18 * p if p is not None else 18) * look.marker_scale)
     on_path = [n in accepted for n in nodes]
     return go.Scatter(

@@ -78,7 +78,7 @@ def run_summary(trace: RunTrace, first_round_after: float | None = None) -> str:
     latency = f" · first round ready {first_round_after:.2f} s after Run" if first_round_after else ""
     tokens = len(trace.tokens)
     draft_passes = sum(rnd.draft_passes for rnd in trace.rounds)
-    drafter = "EAGLE's draft layer" if trace.settings.method == "eagle" else "the draft model"
+    drafter = "EAGLE's draft layer" if trace.settings.method == lanes.EAGLE else "the draft model"
     # The drafter's own passes are passes of a smaller network: counted apart, never added in.
     own = f", and {draft_passes} passes of {drafter}" if draft_passes else ""
     added = sum(rnd.accepted_length for rnd in trace.rounds)
@@ -104,12 +104,12 @@ def drafting_text(trace: RunTrace, rnd: RoundTrace) -> str:
     """What the drafter did this round, before the verify pass (nothing to say for Medusa's
     heads, whose guesses the tree shows)."""
     method, guesses = trace.settings.method, rnd.tree_size - 1
-    if method == "eagle":
+    if method == lanes.EAGLE:
         return eagle_views.drafting_text(rnd)
-    if method == "draft-model":
+    if method == lanes.DRAFT_MODEL:
         return (f"the draft model wrote {guesses} guess(es) in **{rnd.draft_passes} passes** of its own "
                 f"(**{rnd.time_draft * 1e3:.1f} ms**) · ")
-    if method != "prompt-lookup":
+    if method != lanes.PROMPT_LOOKUP:
         return ""
     if rnd.copied_from is None:
         return "no earlier words matched the last ones: nothing to copy · "
@@ -226,12 +226,15 @@ def _tree_nodes(run: RunTrace) -> str:
     return f"{eagle_views.mean_tree_size(run):.1f} nodes on average"
 
 
-def stats_figures(run: RunTrace | None, race: RaceResult | None, look: Look = LAPTOP) -> tuple[go.Figure, ...]:
+STATS_FIGURES = ("histogram", "depths", "speed")  # the Stats tab's figures, by name
+
+
+def stats_figures(run: RunTrace | None, race: RaceResult | None, look: Look = LAPTOP) -> dict[str, go.Figure]:
+    """The Stats tab's figures by name (STATS_FIGURES): tokens per pass, acceptance per depth, speed."""
     if run is None or not run.rounds:
-        empty = message_figure("Press Run to collect statistics.", look)
-        return empty, empty, empty
-    return (charts.accepted_histogram(run, look), charts.head_acceptance_figure(run, look),
-            charts.speed_figure(run, race, look))
+        return dict.fromkeys(STATS_FIGURES, message_figure("Press Run to collect statistics.", look))
+    return {"histogram": charts.accepted_histogram(run, look), "depths": charts.head_acceptance_figure(run, look),
+            "speed": charts.speed_figure(run, race, look)}
 
 
 SMALL_MODEL_NOTE = ("  \n<small>A small model like this one states false facts with confidence. Medusa changes "
@@ -243,17 +246,21 @@ def learn_banner(run: RunTrace | None, race: RaceResult | None) -> str:
     return _learn_source(run, race) + SMALL_MODEL_NOTE
 
 
+LEARN_FIGURES = ("cost-curve", "guessing")  # the walkthrough's own figures, by the name a step gives
+
+
 def learn_figures(run: RunTrace | None, race: RaceResult | None, look: Look = LAPTOP,
-                  accuracy: GuessingAccuracy = NO_ACCURACY) -> list[go.Figure]:
-    """The walkthrough's own figures, in step order: the measured cost of a T-token pass, then
-    Medusa's heads and EAGLE guessing ahead, side by side (held-out, and on the visitor's runs)."""
+                  accuracy: GuessingAccuracy = NO_ACCURACY) -> dict[str, go.Figure]:
+    """The walkthrough's own figures, by the name a step gives for its figure (`Step.figure`): the
+    measured cost of a T-token pass ("cost-curve"), and Medusa's heads and EAGLE guessing ahead,
+    side by side, held-out and on the visitor's runs ("guessing")."""
     guessing = guessing_figure(accuracy, eagle_views.medusa_run(run, race), eagle_views.eagle_run(run, race), look)
     if run is None and race is None:
-        return [message_figure("Press Run: what a pass over T tokens<br>costs on this machine appears here.",
-                               look, height=260), guessing]
+        return {"cost-curve": message_figure("Press Run: what a pass over T tokens<br>costs on this machine "
+                                             "appears here.", look, height=260), "guessing": guessing}
     medusa = walkthrough_run(run, race)
     nodes = medusa.tree.size if medusa is not None and medusa.tree is not None else None
-    return [charts.cost_curve_figure(measured_curve(run, race), nodes, look), guessing]
+    return {"cost-curve": charts.cost_curve_figure(measured_curve(run, race), nodes, look), "guessing": guessing}
 
 
 def _learn_source(run: RunTrace | None, race: RaceResult | None) -> str:
@@ -261,7 +268,7 @@ def _learn_source(run: RunTrace | None, race: RaceResult | None) -> str:
         return "Press **Run** (and then **Race**): the numbers in these steps come from your own run."
     medusa = walkthrough_run(run, race)
     if medusa is None:
-        told = " Step 7, *After Medusa*, tells this EAGLE run." if run.settings.method == "eagle" else ""
+        told = " Step 7, *After Medusa*, tells this EAGLE run." if run.settings.method == lanes.EAGLE else ""
         return (f"Your last run used {lanes.in_sentence(run.settings.method)}; these steps follow Medusa's "
                 f"heads. Pick *Medusa heads* and press **Run** (or race with Medusa ticked) to fill them in.{told}")
     race_note = "" if race else " Run the **Race** to fill in the timing numbers too."

@@ -19,7 +19,8 @@ _HOMES = {
     "LoadedModel": "model", "available_models": "loading", "embedded_model_title": "loading",
     "embedded_models": "loading", "load_model": "loading",
     "MODEL_REGISTRY": "registry", "RegistryEntry": "registry",
-    "DecodeSettings": "settings", "available_drafters": "drafters",
+    "DecodeSettings": "settings", "DRAFTERS": "drafters", "available_drafters": "drafters",
+    "check_settings": "drafters", "register": "drafters",
     "RoundTrace": "trace", "RunSettings": "trace", "RunTrace": "trace", "TreeTrace": "trace",
     "TREE_PRESETS": "tree", "Tree": "tree",
 }

@@ -48,6 +48,8 @@ def _group_rows(visible: torch.Tensor) -> list[RowGroup]:
     counts = visible.sum(dim=-1)
     groups: list[RowGroup] = []
     for count in torch.unique(counts).tolist():
+        if count == 0:  # a row that sees no key (some models mask padding so): its output stays zero
+            continue
         rows = (counts == count).nonzero().flatten()
         keys = visible[rows].nonzero()[:, 1].view(len(rows), count)
         first = int(keys[0, 0])
@@ -135,7 +137,7 @@ def gathered_attention(
         return out.view(1, kv_heads, group, length, dim).permute(0, 3, 1, 2, 4).reshape(1, length, heads, dim), None
     groups = _step_groups(kv_length, key.device) if attention_mask is None else _group_cache.groups(attention_mask)
     queries = query[0].view(kv_heads, group, length, dim)
-    out = query.new_empty(length, kv_heads, group, dim)
+    out = query.new_zeros(length, kv_heads, group, dim)
     for rows, keys, run in groups:
         q = queries[:, :, rows].permute(2, 0, 1, 3).contiguous()  # (n, KVH, G, D)
         if run is not None:

@@ -2,7 +2,7 @@
 
 Machines are noisy, so nothing is compared across runs: after a warm-up, every prompt is decoded
 by plain (AR) decoding and by every lane (a drafter with its settings: Medusa with each tree asked
-for, a draft model, prompt lookup), with and without detailed tracing, in alternating order, as
+for, EAGLE, a draft model, prompt lookup), with and without detailed tracing, in alternating order, as
 one heat of `measure.py` (the page's race measures with the same function), and the ratios come
 from totals gathered in the same minutes. A machine other programs kept busy meanwhile is named
 in the report. Every figure (speedup, round cost and its
@@ -26,12 +26,12 @@ import torch
 from tqdm import tqdm
 from transformers import GenerationConfig, PreTrainedModel
 
-from .drafters import make_drafter
+from .drafters import check_settings, drafter_class, make_drafter
 from .dynamic_tree import DYNAMIC_TREE
 from .loops import encode_prompt, generate
 from .measure import MachineLoad, busy_note, combined, run_heat, timed_run
 from .model import LoadedModel, padding_id
-from .settings import WARM_UP_TOKENS, DecodeSettings
+from .settings import DEFAULT_METHOD, PLAIN, WARM_UP_TOKENS, DecodeSettings
 from .stats import Timing, recording_overhead, rest_of_round_cost, round_cost, speedup, verify_cost
 from .trace import RunTrace
 
@@ -119,23 +119,11 @@ def lane_figures(runs: LaneRuns, ar: Timing, acceptance: str, baseline: Timing |
 
 
 def library_options(lm: LoadedModel, settings: DecodeSettings) -> dict | None:
-    """transformers' own version of a lane's decoder, as `generate` arguments; None if it has none.
-
-    The same draft length as ours, held constant: the library's default grows and shrinks it, and
-    stops drafting where the draft model is unsure, so the two would differ in more than their
-    implementation. The library reads those settings from the *assistant's* generation config.
-    """
-    if settings.method == "ar":
+    """transformers' own version of a lane's decoder, as `generate` arguments; None if it has none
+    (each drafter says what its own is: see `Drafter.library_options`)."""
+    if settings.method == PLAIN:
         return {}
-    if settings.method == "draft-model" and settings.draft_top_k == 1:
-        return {"assistant_model": lm.draft.model,
-                "assistant": {"num_assistant_tokens": settings.draft_tokens,
-                              "num_assistant_tokens_schedule": "constant",
-                              "assistant_confidence_threshold": 0.0}}
-    if settings.method == "prompt-lookup":
-        return {"generation": {"prompt_lookup_num_tokens": settings.lookup_tokens,
-                               "max_matching_ngram_size": settings.lookup_ngram}}
-    return None  # Medusa, or a draft tree: the library has neither
+    return drafter_class(settings.method).library_options(lm, check_settings(settings))
 
 
 @contextmanager
@@ -180,13 +168,13 @@ def transformers_generate(lm: LoadedModel, prompt: str, max_new_tokens: int,
 
 def make_lanes(lm: LoadedModel, settings: DecodeSettings, drafters: list[str], trees: list,
                compare: bool) -> list[LaneRuns]:
-    """One lane per drafter, Medusa's once per tree; each named by its tree after pruning, and,
-    with `compare`, given the library's version of its decoder where there is one."""
+    """One lane per drafter, once per tree for one that takes a tree (Medusa); each named by its
+    tree after pruning, and, with `compare`, given the library's version of its decoder where
+    there is one."""
     lanes = []
     for method in drafters:
-        for tree in trees if method == "medusa" else [settings.tree]:
-            lane_settings = replace(settings, method=method, tree=tree)
-            lane_settings.validate()
+        for tree in trees if drafter_class(method).takes_tree else [settings.tree]:
+            lane_settings = check_settings(replace(settings, method=method, tree=tree))
             drafter = make_drafter(lm, lane_settings)
             name = DYNAMIC_TREE if drafter.tree is None else drafter.tree.name
             options = library_options(lm, lane_settings) if compare else None
@@ -207,8 +195,8 @@ def run_bench(lm: LoadedModel, prompts: list[str], settings: DecodeSettings, tre
     beside it too, and every speedup counts against the faster of the two plain decodings.
     """
     compare = compare_transformers and settings.acceptance == "greedy"
-    ar_settings = replace(settings, method="ar")
-    lanes = make_lanes(lm, settings, drafters or ["medusa"], trees, compare)
+    ar_settings = replace(settings, method=PLAIN)
+    lanes = make_lanes(lm, settings, drafters or [DEFAULT_METHOD], trees, compare)
     plain_library = LibraryRuns(options={}) if compare else None
     libraries = [lib for lib in [plain_library, *(lane.library for lane in lanes)] if lib is not None]
     # Warm-up: first calls pay for allocations and lazy initialisation; keep that out of the figures.
@@ -281,7 +269,8 @@ def _library_lines(report: dict) -> list[str]:
         peer = row.get("transformers")
         if peer:
             ours = row["untraced"]["tokens_per_second"]  # the decoder alone, nothing recorded
-            lines.append(f"transformers' {LIBRARY_NAMES[row['drafter']]}: {peer['tokens_per_second']:.1f} tok/s; "
+            name = drafter_class(row["drafter"]).library_name
+            lines.append(f"transformers' {name}: {peer['tokens_per_second']:.1f} tok/s; "
                          f"our {row['label']} runs at {ours / peer['tokens_per_second']:.2f}x its speed; "
                          f"same tokens: {'yes' if peer['identical'] else 'NO'}")
     return lines
@@ -307,13 +296,9 @@ def _curve_lines(report: dict) -> list[str]:
     curve = report.get("cost_curve")
     if not curve:
         return []
-    points = ", ".join(f"T={size} {cost:.2f}" for size, cost in zip(curve["sizes"], curve["costs"]))
+    points = ", ".join(f"T={size} {cost:.2f}" for size, cost in zip(curve["sizes"], curve["costs"], strict=True))
     return [f"a T-token pass here, in one-token steps ({curve['threads']} threads, measured {curve['measured_at']}, "
             f"repeats within {curve.get('spread', 0.0):.0%}): {points}; the heads' drafting {curve['draft_cost']:.2f}"]
-
-
-LIBRARY_NAMES = {"draft-model": "assisted generation (assistant_model=, same draft model and length)",
-                 "prompt-lookup": "prompt lookup decoding (prompt_lookup_num_tokens=, same lengths)"}
 
 
 def format_table(report: dict) -> str:

@@ -117,7 +117,7 @@ def _published_heads(state: dict[str, torch.Tensor], model_sizes: tuple[int, int
     heads = MedusaHeads(HeadsConfig(num_heads, num_layers, hidden, vocab, projection is None))
     own_state = {f"heads.{k}": state[k] for k in keys}
     try:
-        missing, unexpected = heads.load_state_dict(own_state, strict=False)
+        missing, unexpected = heads.load_state_dict(own_state, strict=True)
     except RuntimeError as e:  # one head shaped unlike the others
         raise DecodingError(f"Medusa head weights in {source} do not fit together: {_one_line(e)}") from e
     if missing or unexpected:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from .errors import DecodingError
 from .fetch import WHEEL_MODELS
-from .settings import ACCEPTANCE_SCHEMES, METHODS, DecodeSettings
+from .settings import ACCEPTANCE_SCHEMES, COMMON_SETTINGS, DEFAULT_METHOD, PLAIN, DecodeSettings, Setting
 from .trace import RunTrace
 
 if TYPE_CHECKING:
@@ -25,13 +26,22 @@ if TYPE_CHECKING:
 
 def parse_tree(value: str) -> str | list[list[int]]:
     """A preset name, or a Medusa choices list written as JSON."""
+    from .tree import read_choices
+
     if value.lstrip().startswith("["):
         try:
-            return json.loads(value)
-        except json.JSONDecodeError as e:
-            raise argparse.ArgumentTypeError(
-                f"the tree is not valid JSON ({e.msg} at character {e.pos})") from e
+            return read_choices(value)
+        except DecodingError as e:
+            raise argparse.ArgumentTypeError(str(e)) from e
     return value
+
+
+def _add_setting(p: argparse.ArgumentParser, setting: Setting, default: object, owner: str = "") -> None:
+    """A flag for one setting. Unset, it stays None: the settings' own default applies."""
+    unset = f"; unset: {setting.unset}" if setting.unset else ""
+    p.add_argument(setting.flag, type=setting.kind, default=None,
+                   help=f"{owner + ': ' if owner else ''}{setting.help} (default: {default}{unset}; "
+                        f"{setting.low:g} to {setting.high:g})")
 
 
 def _add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -52,96 +62,94 @@ def _add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice). Use fewer than the cores "
                         "when another job is running: threads fighting over a core are very slow")
-    p.add_argument("--draft-model", default=None,
-                   help="directory or hub id of a small causal LM over the same tokenizer, for the "
-                        "draft-model drafter (default: the one shipped or registered with the model)")
-    p.add_argument("--eagle", default=None,
-                   help="directory or hub id of an EAGLE draft head (the project's layout or a published "
-                        "EAGLE-1 checkpoint), for the eagle drafter (default: the one shipped or registered)")
+    from .drafters import DRAFTERS
+
+    for name, cls in DRAFTERS.items():
+        if cls.source_help:
+            p.add_argument("--" + name, dest=_source_dest(name), metavar="SOURCE", default=None, help=cls.source_help)
     p.add_argument("--no-pack", action="store_true",
                    help="multiply by the linear layers' weights as stored, not by copies packed once "
                         "for the CPU's matrix library (to compare; packing is faster on a CPU)")
 
 
+def _source_dest(drafter: str) -> str:
+    return "source_" + drafter.replace("-", "_")
+
+
 def _add_decoding_arguments(p: argparse.ArgumentParser, many_trees: bool = False) -> None:
-    defaults = DecodeSettings()  # the one place each default is written
-    p.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
+    """The settings' flags: one per field of DecodeSettings a user sets, and one per setting each
+    drafter owns, all from the settings' own declarations (settings.py, drafters/)."""
+    from .drafters import DRAFTERS
+
+    defaults = DecodeSettings()  # the one place each common default is written
     p.add_argument("--tree", type=parse_tree, default=[defaults.tree] if many_trees else defaults.tree,
                    nargs="+" if many_trees else None,
                    help="preset name, or a choices list as JSON, e.g. '[[0],[0,0],[1]]'"
                         + ("; several to compare them in one run" if many_trees else ""))
-    p.add_argument("--num-heads", type=int, default=defaults.num_heads, help="use only the first n heads")
-    p.add_argument("--draft-tokens", type=int, default=defaults.draft_tokens,
-                   help="draft-model: tokens the draft model writes ahead each round")
-    p.add_argument("--draft-top-k", type=int, default=defaults.draft_top_k,
-                   help="draft-model: guesses per step; the runners-up join the tree as leaves beside the greedy one")
-    p.add_argument("--lookup-tokens", type=int, default=defaults.lookup_tokens,
-                   help="prompt-lookup: tokens copied at most each round")
-    p.add_argument("--lookup-ngram", type=int, default=defaults.lookup_ngram,
-                   help="prompt-lookup: the longest n-gram matched against the text so far")
-    p.add_argument("--eagle-depth", type=int, default=defaults.eagle_depth,
-                   help="eagle: levels the draft tree grows to")
-    p.add_argument("--eagle-top-k", type=int, default=defaults.eagle_top_k,
-                   help="eagle: nodes expanded per level, and guesses per expanded node")
-    p.add_argument("--eagle-nodes", type=int, default=defaults.eagle_nodes,
-                   help="eagle: guesses verified per round (default: as many as this machine's cost curve says pay)")
     p.add_argument("--acceptance", choices=ACCEPTANCE_SCHEMES, default=defaults.acceptance)
-    p.add_argument("--temperature", type=float, default=defaults.temperature)
-    p.add_argument("--top-p", type=float, default=defaults.top_p)
-    p.add_argument("--epsilon", type=float, default=defaults.epsilon, help="typical acceptance threshold")
-    p.add_argument("--delta", type=float, default=defaults.delta, help="typical acceptance entropy factor")
-    p.add_argument("--seed", type=int, default=defaults.seed)
+    for name, setting in COMMON_SETTINGS.items():
+        _add_setting(p, setting, getattr(defaults, name))
+    for name, cls in DRAFTERS.items():
+        for setting in cls.settings:
+            _add_setting(p, setting, setting.default, owner=name)
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def _settings(args: argparse.Namespace, tree: str | list[list[int]]) -> DecodeSettings:
-    settings = DecodeSettings(
-        method=getattr(args, "method", DecodeSettings.method), max_new_tokens=args.max_new_tokens,
-        acceptance=args.acceptance, temperature=args.temperature, top_p=args.top_p,
-        epsilon=args.epsilon, delta=args.delta, seed=args.seed, tree=tree,
-        num_heads=args.num_heads, draft_tokens=args.draft_tokens,
-        draft_top_k=args.draft_top_k, lookup_tokens=args.lookup_tokens,
-        lookup_ngram=args.lookup_ngram, eagle_depth=args.eagle_depth, eagle_top_k=args.eagle_top_k,
-        eagle_nodes=args.eagle_nodes,
-    )
-    settings.validate()
-    return settings
+    """The flags as checked settings: a flag not given leaves its setting unset (its default)."""
+    from .drafters import DRAFTERS, check_settings
+
+    common = {name: getattr(args, name) for name in COMMON_SETTINGS if getattr(args, name) is not None}
+    options = {s.name: getattr(args, s.name) for cls in DRAFTERS.values() for s in cls.settings
+               if getattr(args, s.name) is not None}
+    method = getattr(args, "method", DEFAULT_METHOD)
+    return check_settings(DecodeSettings(method=method, acceptance=args.acceptance, tree=tree, options=options,
+                                         **common))
+
+
+def _load(args: argparse.Namespace, drafters: list[str]) -> LoadedModel:
+    """The model the flags name, with what `drafters` need (nothing more: a model directory
+    without heads still runs the other drafters)."""
+    from .drafters import DRAFTERS
+    from .loading import load_model
+
+    sources = {name: getattr(args, _source_dest(name)) for name, cls in DRAFTERS.items() if cls.source_help}
+    return load_model(args.model, args.heads, args.device, args.dtype, pack_linear=not args.no_pack,
+                      attention=args.attention, drafters=drafters, sources=sources)
 
 
 def _set_threads(args: argparse.Namespace) -> None:
     import torch
 
     if args.threads is not None:
-        if args.threads < 1:
-            raise DecodingError(f"--threads must be at least 1, not {args.threads}")
+        cores = os.cpu_count() or 1
+        if not 1 <= args.threads <= cores:
+            raise DecodingError(f"--threads must be from 1 to {cores} (the cores here), not {args.threads}")
         torch.set_num_threads(args.threads)
 
 
 def _warn_past_page_limits(lm: LoadedModel, prompt: str, settings: DecodeSettings) -> None:
     """The CLI runs what the page would refuse (the machine is the user's), but says so."""
+    from .drafters import DRAFTERS
     from .limits import page_problems
 
     tree = settings.tree if settings.tree != "default" else lm.default_tree
-    paths = (len(tree) if isinstance(tree, list) else len(lm.trees.get(tree, []))) \
-        if settings.method == "medusa" else None
+    takes_tree = settings.method in DRAFTERS and DRAFTERS[settings.method].takes_tree
+    paths = (len(tree) if isinstance(tree, list) else len(lm.trees.get(tree, []))) if takes_tree else None
     for problem in page_problems(prompt, settings.max_new_tokens, paths):
         print(f"warning: {problem}. The page would refuse this run; the command line runs it.", file=sys.stderr)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .loading import load_model
     from .loops import generate
 
     settings = _settings(args, args.tree)
     _set_threads(args)
-    # Only Medusa needs heads: a model directory without any can still run the other methods.
-    lm = load_model(args.model, args.heads, args.device, args.dtype, with_heads=args.method == "medusa",
-                    pack_linear=not args.no_pack, draft_model=args.draft_model,
-                    with_draft=args.method == "draft-model", attention=args.attention, eagle=args.eagle,
-                    with_eagle=args.method == "eagle")
+    lm = _load(args, [] if args.method == PLAIN else [args.method])
     _remeasure(args, lm)
     _warn_past_page_limits(lm, args.prompt, settings)
     trace = generate(lm, args.prompt, settings)
+    _say_how_to_pin_the_tree(settings, trace)
     if args.json:
         print(trace.to_json())
         return 0
@@ -149,6 +157,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     print(trace.prompt + ("\n\n" if lm.use_chat_template else "") + trace.text)
     print(f"\n[{args.method}] {run_summary(trace)}", file=sys.stderr)
     return 0
+
+
+def _say_how_to_pin_the_tree(settings: DecodeSettings, trace: RunTrace) -> None:
+    """A seeded run repeats only on the same tree, and `--tree auto` chooses by this machine's
+    measured costs, which change: say which tree it was (the trace records it) and how to pin it."""
+    from .tree_choice import AUTO_TREE
+
+    if settings.seed is not None and settings.tree == AUTO_TREE and trace.tree is not None:
+        print(f"note: --tree auto chose {trace.tree.name} here; to repeat this seeded run anywhere, pass "
+              f"--tree '{json.dumps(trace.tree.choices, separators=(',', ':'))}'", file=sys.stderr)
 
 
 def _count(n: int, one: str, many: str) -> str:
@@ -174,6 +192,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
     from .bench import format_table, run_bench
+    from .drafters import drafter_class
     from .loading import load_model
     from .prompts import read_prompts
 
@@ -181,19 +200,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     trees = args.tree
     settings = _settings(args, trees[0])
     _set_threads(args)
-    lm = load_model(args.model, args.heads, args.device, args.dtype, with_heads="medusa" in args.drafter,
-                    pack_linear=not args.no_pack, draft_model=args.draft_model,
-                    with_draft="draft-model" in args.drafter, attention=args.attention, eagle=args.eagle,
-                    with_eagle="eagle" in args.drafter)
+    drafters = [drafter_class(name).name for name in args.drafter]
+    lm = _load(args, drafters)
     _remeasure(args, lm)
     # The speedup counts against the fastest plain decoding here: float32 too, when Medusa runs in
     # another dtype (on a CPU bfloat16 is not always the faster one-token step).
     float32 = None
     if lm.dtype != torch.float32 and lm.device.type == "cpu":
-        float32 = load_model(args.model, args.heads, args.device, "float32", self_test=False, with_heads=False,
-                             pack_linear=not args.no_pack, with_draft=False, attention="library")
+        float32 = load_model(args.model, args.heads, args.device, "float32", self_test=False,
+                             pack_linear=not args.no_pack, attention="library", drafters=())
     report = run_bench(lm, prompts, settings, trees, progress=not args.json,
-                       compare_transformers=args.compare_transformers, drafters=args.drafter,
+                       compare_transformers=args.compare_transformers, drafters=drafters,
                        float32_model=float32)
     print(json.dumps(report, indent=2) if args.json else format_table(report))
     return 0
@@ -210,7 +227,9 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 def _generate_arguments(p: argparse.ArgumentParser) -> None:
     _add_model_arguments(p)
     p.add_argument("--prompt", required=True)
-    p.add_argument("--method", choices=METHODS, default=DecodeSettings.method)
+    from .drafters import methods
+
+    p.add_argument("--method", choices=methods(), default=DEFAULT_METHOD)
     _add_decoding_arguments(p)
     p.set_defaults(func=cmd_generate)
 
@@ -220,8 +239,10 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=Path, nargs="+", required=True,
                    help=".txt file, one prompt a line, or .json list of strings; several are read in turn")
     _add_decoding_arguments(p, many_trees=True)
-    p.add_argument("--drafter", nargs="+", choices=[m for m in METHODS if m != "ar"], default=["medusa"],
-                   help="the drafters to race against plain decoding (Medusa once per --tree)")
+    from .drafters import DRAFTERS
+
+    p.add_argument("--drafter", nargs="+", choices=list(DRAFTERS), default=[DEFAULT_METHOD],
+                   help="the drafters to race against plain decoding (one that takes a tree, once per --tree)")
     p.add_argument("--compare-transformers", "--compare-generate", action="store_true",
                    help="also time transformers' own decoders on the same inputs: generate(do_sample=False), "
                         "and assisted generation / prompt lookup for those drafters, same lengths")
@@ -250,7 +271,8 @@ def _fetch_arguments(p: argparse.ArgumentParser) -> None:
 
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
-    "generate": ("decode one prompt: plain decoding, or with a drafter (Medusa heads, a draft model, prompt lookup)",
+    "generate": ("decode one prompt: plain decoding, or with a drafter (Medusa heads, EAGLE, a draft model, "
+                 "prompt lookup)",
                  _generate_arguments),
     "bench": ("plain decoding vs each drafter, speed side by side in one run", _bench_arguments),
     "train-base": ("train the small base LM from scratch (offline, CPU)", _training("train-base")),
@@ -271,8 +293,8 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     """The parser for `argv`: every command is listed, but only the one named gets its arguments
     (the training commands' arguments live in modules that import torch)."""
     parser = argparse.ArgumentParser(
-        prog="python -m decoding", description="Speculative decoding (Medusa heads, a draft model, "
-        "prompt lookup): decode, benchmark, train heads. "
+        prog="python -m decoding", description="Speculative decoding (Medusa heads, EAGLE, a draft "
+        "model, prompt lookup): decode, benchmark, train heads. "
         "`python -m decoding COMMAND --help` lists a command's options.")
     sub = parser.add_subparsers(dest="command", required=True)
     named = next((arg for arg in argv if arg in COMMANDS), None)

@@ -45,7 +45,7 @@ class DraftTree:
         """The draft's guesses after `parent` (-1: after the root), most probable first."""
         base = 0.0 if parent < 0 else self.log_confidences[parent]
         depth = 1 if parent < 0 else self.depths[parent] + 1
-        for rank, (token, log_prob) in enumerate(zip(tokens, log_probs)):
+        for rank, (token, log_prob) in enumerate(zip(tokens, log_probs, strict=True)):
             self.parents.append(parent)
             self.tokens.append(token)
             self.log_confidences.append(base + log_prob)

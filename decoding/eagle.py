@@ -195,7 +195,7 @@ def _fill(head: EagleHead, state: dict[str, torch.Tensor], source: Path) -> Eagl
         detail = f"missing {', '.join(missing[:3])}" if missing else \
             f"{wrong[0]} is {tuple(state[wrong[0]].shape)}, expected {tuple(expected[wrong[0]])}"
         raise DecodingError(f"the EAGLE head in {source} does not fit this base model's layer: {detail}")
-    head.load_state_dict({k: state[k] for k in expected}, strict=False)
+    head.load_state_dict({k: state[k] for k in expected}, strict=True)
     return head
 
 

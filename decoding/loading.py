@@ -8,29 +8,30 @@ by `selftest.py` before it is handed out as a `LoadedModel` (`model.py`).
 
 from __future__ import annotations
 
-import re
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from .assets import EMBEDDED_MODELS_DIR
 from .assets import HEADS_CONFIG as OWN_HEADS_CONFIG
 from .attention import GATHERED
 from .checkpoints import find_heads, is_v01_directory, v01_base_model
-from .eagle import EAGLE_CONFIG, EAGLE_DIR, EagleHead, find_eagle
+from .drafters import DRAFTERS, ModelFiles, drafter_class
+from .drafters.medusa_heads import MedusaHeadsDrafter
 from .errors import DecodingError
 from .fetch import WHEEL_MODELS, fetched_dir, is_fetched
-from .kv_cache import attention_layer_types
 from .model import LoadedModel, stop_token_ids
+from .model_files import context_length, download, is_hub_id, load_causal_lm, load_tokenizer
 from .packed_linear import pack_linear_layers
 from .precision import choose_cpu_dtype
-from .registry import MODEL_REGISTRY
+from .registry import MODEL_REGISTRY, RegistryEntry
 from .selftest import check_tree_attention
 from .tree import TREE_PRESETS
 
 DEFAULT_MODEL = "austen"
+
 
 def resolve_device(device: str = "auto") -> torch.device:
     if device != "auto":
@@ -71,7 +72,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
             raise DecodingError(f"unsupported dtype {dtype}; use one of float32, bfloat16, float16")
         return dtype
     if dtype != "auto":
-        if dtype not in DTYPE_NAMES:
+        if not isinstance(dtype, str) or dtype not in DTYPE_NAMES:
             raise DecodingError(f"unknown dtype {dtype!r}; use auto or one of {sorted(DTYPE_NAMES)}")
         return DTYPE_NAMES[dtype]
     if device.type == "cuda":
@@ -133,19 +134,6 @@ def available_models() -> list[str]:
     return names
 
 
-def _download(repo_id: str) -> Path:
-    """Fetch a hub repository (or find it in the local cache) the ordinary way."""
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(repo_id))
-    except Exception as e:  # the hub client raises many types: offline, 404, gated, auth...
-        raise DecodingError(
-            f"could not fetch {repo_id!r} from the Hugging Face hub ({type(e).__name__}: {e}). "
-            "Check the name and your internet connection, or pass a local directory."
-        ) from e
-
-
 # ----- the entry point -----
 @dataclass
 class _Sources:
@@ -156,8 +144,7 @@ class _Sources:
     heads: Path
     prompt_template: str = "{prompt}"
     tree: str | None = None
-    draft: str | Path | None = None  # a draft model for the draft-model drafter, if one is known
-    eagle: str | None = None  # a published EAGLE checkpoint for this model (a hub id), if one is known
+    registered: RegistryEntry | None = None  # a published model's entry: what drafts for it, if known
 
 
 def _resolve(name_or_path: str | Path | None, heads: str | Path | None) -> _Sources:
@@ -171,9 +158,9 @@ def _resolve(name_or_path: str | Path | None, heads: str | Path | None) -> _Sour
         return _Sources(name, path, Path(heads) if heads else path)
     if name in MODEL_REGISTRY:
         entry = MODEL_REGISTRY[name]
-        heads_dir = _download(entry.heads)
+        heads_dir = download(entry.heads)
         base = entry.base if entry.base else heads_dir
-        return _Sources(name, base, heads_dir, entry.prompt_template, entry.tree, entry.draft, entry.eagle)
+        return _Sources(name, base, heads_dir, entry.prompt_template, entry.tree, entry)
     if name_or_path is None:
         raise DecodingError(
             f"the embedded model is missing from {EMBEDDED_MODELS_DIR / DEFAULT_MODEL}; "
@@ -181,123 +168,21 @@ def _resolve(name_or_path: str | Path | None, heads: str | Path | None) -> _Sour
         )
     path = Path(name)
     if not path.is_dir():
-        if not _is_hub_id(name):
+        if not is_hub_id(name):
             known = ", ".join(embedded_models() + list(MODEL_REGISTRY))
             raise DecodingError(
                 f"unknown model {name!r}: not a directory, not a hub id (owner/name), "
                 f"not one of: {known}"
             )
-        path = _download(name)
+        path = download(name)
     heads_dir = Path(heads) if heads else path
     if heads and not heads_dir.is_dir():
-        if not _is_hub_id(heads):
+        if not is_hub_id(heads):
             raise DecodingError(f"--heads {heads}: no such directory")
-        heads_dir = _download(heads)
+        heads_dir = download(heads)
     if heads_dir == path and is_v01_directory(path):
         return _Sources(name, v01_base_model(path), heads_dir)
     return _Sources(name, path, heads_dir)
-
-
-def _is_hub_id(name: str) -> bool:
-    """`owner/name` as the hub spells it; a path like `/data/x` or `./x/y` is not one."""
-    return re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", name) is not None and not Path(name).exists()
-
-
-
-def _context_length(config) -> int:
-    """The positions the model was built for. A sliding window does not shorten it: the window
-    only limits how far back each position looks, and the tree mask applies it."""
-    text = config.get_text_config()
-    length = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
-    return int(length or 2048)
-
-
-def _load_base(source: str | Path, device: torch.device, dtype: torch.dtype | None) -> PreTrainedModel:
-    """The base model in `dtype`; None loads float32, for `choose_cpu_dtype` to decide."""
-    try:
-        config = AutoConfig.from_pretrained(source)
-    except Exception as e:
-        raise DecodingError(f"could not read a model config from {source!s}: {e}") from e
-    if getattr(config, "is_encoder_decoder", False):
-        raise DecodingError(f"{source!s} is an encoder-decoder model; Medusa needs a decoder-only LM")
-    if getattr(config, "alibi", False) or config.model_type in ("bloom", "mpt"):
-        raise DecodingError(
-            f"{config.model_type} uses ALiBi attention biases, which ignore position ids: a tree "
-            "of candidates cannot be verified in one pass on it"
-        )
-    attention_layer_types(config)  # refuses recurrent layers (Mamba...) before loading any weights
-    try:
-        model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=dtype or torch.float32, device_map=str(device) if device.type == "cuda" else None
-        )
-    except Exception as e:
-        raise DecodingError(f"could not load {source!s} as a causal LM: {e}") from e
-    return model.to(device).eval().requires_grad_(False)
-
-
-def _load_tokenizer(source: str | Path) -> PreTrainedTokenizerBase:
-    try:
-        return AutoTokenizer.from_pretrained(source)
-    except (OSError, ValueError, TypeError) as e:  # missing files, or files it cannot read
-        raise DecodingError(f"could not load a tokenizer from {source!s} (a model directory needs its "
-                            f"tokenizer files, such as tokenizer.json): {e}") from e
-
-
-DRAFT_DIR = "draft"  # a model directory's draft model, for the draft-model drafter
-DRAFT_KEY = "draft_model"  # or the heads config names one, relative to the heads directory
-
-
-def _shipped_draft(heads_dir: Path, meta: dict) -> Path | None:
-    """The draft model shipped beside the heads: `draft/`, or the one the heads config names."""
-    if (heads_dir / DRAFT_DIR).is_dir():
-        return heads_dir / DRAFT_DIR
-    if meta.get(DRAFT_KEY):
-        return (heads_dir / meta[DRAFT_KEY]).resolve()
-    return None
-
-
-def load_draft_model(base: LoadedModel, source: str | Path, pack_linear: bool = True) -> LoadedModel:
-    """A small causal LM that drafts for `base`: a directory or hub id. It must share the base's
-    tokenizer; it is used with that tokenizer, on the base's device and dtype."""
-    path = Path(source)
-    if not path.is_dir():
-        if not _is_hub_id(str(source)):
-            raise DecodingError(f"draft model {source!s}: not a directory and not a hub id (owner/name)")
-        path = _download(str(source))
-    model = _load_base(path, base.device, base.dtype)
-    draft_vocab, base_vocab = model.config.get_text_config().vocab_size, base.model.config.get_text_config().vocab_size
-    if draft_vocab != base_vocab:
-        raise DecodingError(
-            f"draft model {source!s} has a vocabulary of {draft_vocab} tokens but {base.name} has "
-            f"{base_vocab}: a draft model must share the base model's tokenizer")
-    if pack_linear:
-        pack_linear_layers(model)
-    return LoadedModel(
-        name=f"{base.name} draft" if path.name == DRAFT_DIR else str(source), model=model,
-        tokenizer=base.tokenizer, heads=None, device=base.device, dtype=base.dtype,
-        context_length=_context_length(model.config), trees={}, default_tree="",
-        eos_token_ids=base.eos_token_ids)
-
-
-def load_eagle_head(lm: LoadedModel, source: str | Path) -> tuple[EagleHead, dict]:
-    """An EAGLE draft head for `lm` from a directory or hub id, in either layout (see eagle.py)."""
-    path = Path(source)
-    if not path.is_dir():
-        if not _is_hub_id(str(source)):
-            raise DecodingError(f"EAGLE head {source!s}: not a directory and not a hub id (owner/name)")
-        path = _download(str(source))
-    head, meta = find_eagle(path, lm.model)
-    if head is None:
-        raise DecodingError(f"no EAGLE head in {path}: expected {EAGLE_CONFIG} or a published checkpoint")
-    return head.to(device=lm.device, dtype=lm.dtype).eval().requires_grad_(False), meta
-
-
-def _eagle_accuracy(meta: dict) -> list[float] | None:
-    """EAGLE's measured acceptance per depth, if saved and well formed."""
-    rates = meta.get("accuracy")
-    if isinstance(rates, list) and rates and all(isinstance(a, int | float) and 0 <= a <= 1 for a in rates):
-        return [float(a) for a in rates]
-    return None
 
 
 def _accuracy_table(meta: dict) -> list[list[float]] | None:
@@ -317,34 +202,35 @@ def load_model(
     device: str = "auto",
     dtype: str = "auto",
     self_test: bool = True,
-    with_heads: bool = True,
     pack_linear: bool = True,
-    draft_model: str | None = None,
-    with_draft: bool = True,
     attention: str = "auto",
-    eagle: str | Path | None = None,
-    with_eagle: bool = True,
+    drafters: Collection[str] | None = None,
+    sources: Mapping[str, str | Path | None] | None = None,
 ) -> LoadedModel:
-    """Load a model and its heads by embedded name, registry name, local directory or hub id.
+    """Load a model and what drafts for it, by embedded name, registry name, local directory or hub id.
 
     `None` means the embedded default model. With `self_test`, a tree is verified against
-    plain linear decoding before the model is handed out (see `selftest.py`). Without
-    `with_heads`, the model is loaded for plain decoding alone and no heads are looked for.
-    With `pack_linear`, the linear layers of the base model, its draft model and its EAGLE
-    head multiply by weights packed once for the CPU's matrix library where that works (see
-    `packed_linear.py`): plain decoding and every drafter alike then run on the fastest path
-    there is. With `with_draft`, the draft model named by
-    `draft_model`, or else the one shipped or registered with the model if any, is loaded too
-    (`LoadedModel.draft`), for the draft-model drafter. `dtype` "auto" measures on a CPU whether
-    float32 or bfloat16 is faster here (`precision.py`); `attention` "auto" picks the exact
-    gathered attention where half precision needs it (`resolve_attention`). With `with_eagle`,
-    the EAGLE draft head named by `eagle`, or else the one shipped beside the heads (`eagle/`) or
-    registered with the model, is loaded too (`LoadedModel.eagle`), for the eagle drafter.
+    plain linear decoding before the model is handed out (see `selftest.py`). `drafters` names
+    the drafters to load what they need for (their heads, draft model, EAGLE head: see drafters/);
+    None loads everything the model ships with, and () none of it, for plain decoding alone.
+    `sources` says where a drafter's part comes from, by drafter name (a directory or hub id), in
+    place of the one shipped or registered with the model. With `pack_linear`, the linear layers
+    of the base model and of every drafter's part multiply by weights packed once for the CPU's
+    matrix library where that works (see `packed_linear.py`). `dtype` "auto" measures on a CPU
+    whether float32 or bfloat16 is faster here (`precision.py`); `attention` "auto" picks the
+    exact gathered attention where half precision needs it (`resolve_attention`).
     """
-    sources = _resolve(name_or_path, heads)
+    for what, value in (("the model", name_or_path), ("heads", heads), *(sources or {}).items()):
+        if value is not None and not isinstance(value, str | Path):
+            raise DecodingError(f"{what}: a name, a directory or a hub id, not {value!r}")
+    wanted = list(DRAFTERS) if drafters is None else _known_drafters(drafters)
+    sources = dict(sources or {})
+    for name in sources:
+        drafter_class(name)
+    files = _resolve(name_or_path, heads)
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
-    model = _load_base(sources.model, torch_device, torch_dtype)
+    model = load_causal_lm(files.model, torch_device, torch_dtype)
     dtype_reason = ""
     if torch_dtype is None:
         torch_dtype, dtype_reason = choose_cpu_dtype(model)
@@ -352,47 +238,48 @@ def load_model(
     implementation = resolve_attention(attention, torch_device, torch_dtype)
     if implementation is not None:
         model.set_attn_implementation(implementation)
-    medusa_heads, meta = find_heads(sources.heads, model) if with_heads else (None, {})
+    # The heads are the model's own: their config also names its trees and what ships beside them.
+    medusa_heads, meta = find_heads(files.heads, model) if MedusaHeadsDrafter.name in wanted else (None, {})
     if medusa_heads is not None:
         medusa_heads = medusa_heads.to(device=torch_device, dtype=torch_dtype).eval().requires_grad_(False)
-    tokenizer = _load_tokenizer(sources.model)
+    tokenizer = load_tokenizer(files.model)
     if pack_linear:
         pack_linear_layers(model)
-    trees = {**TREE_PRESETS, **meta.get("trees", {})}
-    default_tree = meta.get("default_tree") or sources.tree or (
-        "mc_sim_7b_63" if torch_device.type == "cuda" else "cpu-12")
     loaded = LoadedModel(
-        name=sources.name,
+        name=files.name,
         model=model,
         tokenizer=tokenizer,
         heads=medusa_heads,
         device=torch_device,
         dtype=torch_dtype,
-        context_length=_context_length(model.config),
-        trees=trees,
-        default_tree=default_tree,
+        context_length=context_length(model.config),
+        trees={**TREE_PRESETS, **meta.get("trees", {})},
+        default_tree=meta.get("default_tree") or files.tree or default_tree(torch_device),
         eos_token_ids=stop_token_ids(model.generation_config),
         dtype_reason=dtype_reason,
         head_accuracy=_accuracy_table(meta),
-        prompt_template=sources.prompt_template,
-        use_chat_template=sources.prompt_template == "{prompt}" and bool(getattr(tokenizer, "chat_template", None)),
+        prompt_template=files.prompt_template,
+        use_chat_template=files.prompt_template == "{prompt}" and bool(getattr(tokenizer, "chat_template", None)),
     )
     if self_test:
         check_tree_attention(loaded)
-    draft_source = draft_model or sources.draft or _shipped_draft(sources.heads, meta)
-    if with_draft and draft_source is not None:
-        loaded.draft = load_draft_model(loaded, draft_source, pack_linear)
-    eagle_source = eagle or _shipped_eagle(sources)
-    if with_eagle and eagle_source is not None:
-        loaded.eagle, eagle_meta = load_eagle_head(loaded, eagle_source)
-        if pack_linear:
-            pack_linear_layers(loaded.eagle)
-        loaded.eagle_accuracy = _eagle_accuracy(eagle_meta)
+    model_files = ModelFiles(files.heads, meta, files.registered, pack_linear)
+    for name in wanted:
+        cls = DRAFTERS[name]
+        source = sources.get(name) or cls.shipped(model_files)
+        if source is not None:
+            cls.load(loaded, source, model_files)
     return loaded
 
 
-def _shipped_eagle(sources: _Sources) -> str | Path | None:
-    """The EAGLE head shipped beside the heads (`eagle/`), else the registry's, if any."""
-    if (sources.heads / EAGLE_DIR).is_dir():
-        return sources.heads / EAGLE_DIR
-    return sources.eagle
+def _known_drafters(names: Collection[str]) -> list[str]:
+    """`names` checked against the registry: a str or an unknown name is refused in one line."""
+    if isinstance(names, str) or not isinstance(names, Collection):
+        raise DecodingError(f"drafters must be a list of drafter names, not {names!r}")
+    return [drafter_class(name).name for name in names]
+
+
+def default_tree(device: torch.device) -> str:
+    """The tree of heads that ship no default: the paper's 63 nodes on a GPU, where a pass over
+    them costs about one step, and a small tree on a CPU, where each node costs time."""
+    return "mc_sim_7b_63" if device.type == "cuda" else "cpu-12"

@@ -23,15 +23,15 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from .acceptance import Verdict, greedy_accept, sampling_distribution, speculative_accept, typical_accept
-from .drafters import Drafter, Proposal, make_drafter
+from .drafters import Drafter, Proposal, check_settings, make_drafter
 from .dynamic_tree import DYNAMIC_TREE
 from .errors import DecodingError
 from .kv_cache import compact_cache, new_cache
-from .limits import check_fits
+from .memory import check_fits
 from .model import LoadedModel
 from .passes import decode_one_token, prefill, verify_tree
-from .settings import DecodeSettings
-from .trace import RoundTrace, RunSettings, RunTrace
+from .settings import PLAIN, DecodeSettings
+from .trace import RoundTrace, RunTrace
 from .tree import Tree
 
 
@@ -115,24 +115,14 @@ def accept(
 
 def _new_trace(lm: LoadedModel, prompt: str, prompt_ids: list[int], settings: DecodeSettings,
                drafter: Drafter | None) -> RunTrace:
-    medusa = settings.method == "medusa"
-    run_settings = RunSettings(
-        method=settings.method, max_new_tokens=settings.max_new_tokens,
-        acceptance=settings.acceptance, temperature=settings.temperature, top_p=settings.top_p,
-        epsilon=settings.epsilon, delta=settings.delta, seed=settings.seed,
-        tree=None if drafter is None else drafter.tree.name if drafter.tree is not None else DYNAMIC_TREE,
-        num_heads=(settings.num_heads or lm.num_heads) if medusa else None,
-        draft_tokens=settings.draft_tokens if settings.method == "draft-model" else None,
-        draft_top_k=settings.draft_top_k if settings.method == "draft-model" else None,
-        lookup_tokens=settings.lookup_tokens if settings.method == "prompt-lookup" else None,
-        lookup_ngram=settings.lookup_ngram if settings.method == "prompt-lookup" else None,
-        eagle_depth=settings.eagle_depth if settings.method == "eagle" else None,
-        eagle_top_k=settings.eagle_top_k if settings.method == "eagle" else None,
-        eagle_nodes=settings.eagle_nodes if settings.method == "eagle" else None,
-    )
+    """The trace of a run about to start: its settings as run, the tree verified named, and only
+    its own drafter's options, resolved."""
+    tree = None if drafter is None else drafter.tree.name if drafter.tree is not None else DYNAMIC_TREE
+    recorded = dataclasses.replace(settings, tree=tree,
+                                   options={} if drafter is None else drafter.recorded_options(settings))
     return RunTrace(
         model=lm.name, device=str(lm.device), dtype=str(lm.dtype).removeprefix("torch."),
-        settings=run_settings, prompt=prompt, prompt_tokens=prompt_ids,
+        settings=recorded, prompt=prompt, prompt_tokens=prompt_ids,
         tree=None if drafter is None or drafter.tree is None else drafter.tree.to_trace(),
         detailed=settings.detailed_trace,
         dtype_reason=lm.dtype_reason, cost_curve=lm.cost_curve,
@@ -197,7 +187,8 @@ def _hand_over(trace: RunTrace, clock: Stopwatch) -> Iterator[RunTrace]:
 # ----- plain autoregressive decoding -----
 @torch.inference_mode()
 def autoregressive_decode(lm: LoadedModel, prompt: str, settings: DecodeSettings) -> Iterator[RunTrace]:
-    """One pass per token: the baseline Medusa must match (greedy) and beat (speed)."""
+    """One pass per token: the baseline every drafter must match (greedy) and beat (speed)."""
+    settings = _checked(lm, settings)
     prompt_ids = encode_prompt(lm, prompt)
     _check_fits(lm, prompt_ids, settings, tree_nodes=1)
     trace = _new_trace(lm, prompt, prompt_ids, settings, drafter=None)
@@ -235,7 +226,7 @@ def autoregressive_decode(lm: LoadedModel, prompt: str, settings: DecodeSettings
     yield trace
 
 
-# ----- speculative decoding: Medusa, a draft model, prompt lookup -----
+# ----- speculative decoding: any drafter -----
 def _detail(lm: LoadedModel, drafter: Drafter, round_trace: RoundTrace, proposal: Proposal,
             logits: torch.Tensor, accepted: list[int], root: int) -> None:
     """Fill in what the UI shows for a round: the drafter's guesses, and the base model at every node."""
@@ -271,6 +262,9 @@ def _detail(lm: LoadedModel, drafter: Drafter, round_trace: RoundTrace, proposal
 @torch.inference_mode()
 def speculative_decode(lm: LoadedModel, prompt: str, settings: DecodeSettings) -> Iterator[RunTrace]:
     """Draft a tree of guesses, verify it in one pass, accept, compact; repeat. Any drafter."""
+    settings = _checked(lm, settings)
+    if settings.method == PLAIN:
+        raise DecodingError("speculative decoding needs a drafter: name one as the method, or decode plainly")
     prompt_ids = encode_prompt(lm, prompt)
     drafter = make_drafter(lm, settings)
     _check_fits(lm, prompt_ids, settings, drafter.max_tree_nodes)
@@ -337,14 +331,18 @@ def speculative_decode(lm: LoadedModel, prompt: str, settings: DecodeSettings) -
     yield trace
 
 
-def stream(lm: LoadedModel, prompt: str, settings: DecodeSettings) -> Iterator[RunTrace]:
-    """Yield the run's trace as it grows; the last one yielded has `stop_reason` set."""
+def _checked(lm: LoadedModel, settings: DecodeSettings) -> DecodeSettings:
+    """What every decoder checks before any pass: its arguments' types, and the settings."""
     if not isinstance(lm, LoadedModel):
         raise DecodingError(f"decode with a model from load_model(), not {type(lm).__name__}")
     if not isinstance(settings, DecodeSettings):
         raise DecodingError(f"settings must be a DecodeSettings, not {type(settings).__name__}")
-    settings.validate()
-    decode = autoregressive_decode if settings.method == "ar" else speculative_decode
+    return check_settings(settings)
+
+
+def stream(lm: LoadedModel, prompt: str, settings: DecodeSettings) -> Iterator[RunTrace]:
+    """Yield the run's trace as it grows; the last one yielded has `stop_reason` set."""
+    decode = autoregressive_decode if getattr(settings, "method", None) == PLAIN else speculative_decode
     yield from decode(lm, prompt, settings)
 
 

@@ -1,5 +1,5 @@
-"""`LoadedModel`: a model with its tokenizer and what drafts for it (Medusa heads, a draft model),
-ready to decode.
+"""`LoadedModel`: a model with its tokenizer and what drafts for it (Medusa heads, an EAGLE head,
+a draft model: each drafter loads its own, see drafters/), ready to decode.
 
 A plain data type: it reads no files and fetches nothing (`loading.py` builds one). The passes,
 the round loops and the load-time self-test all take it, so it lives apart from the module that

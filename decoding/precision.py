@@ -49,7 +49,7 @@ def products(weights: list[torch.Tensor], dtype: torch.dtype, rows: int = ROWS) 
     if dtype == torch.float32 and packing_works():
         packed = [torch.ops.mkldnn._reorder_linear_weight(w, BATCH_SIZE_HINT) for w in weights]
         return [lambda p=p, x=inputs[w.shape[1]]: torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "")
-                for w, p in zip(weights, packed)]
+                for w, p in zip(weights, packed, strict=True)]
     cast = [w.to(dtype) for w in weights]
     return [lambda w=w, x=inputs[w.shape[1]]: F.linear(x, w) for w in cast]
 

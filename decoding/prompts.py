@@ -14,8 +14,11 @@ from .assets import EMBEDDED_MODELS_DIR, HEADS_CONFIG, PROMPTS_DIR, read_heads_c
 from .errors import DecodingError
 
 
-def read_prompts(path: Path) -> list[str]:
+def read_prompts(path: Path | str) -> list[str]:
     """The prompts in `path`: lines of a .txt file, or the strings of a .json list."""
+    if not isinstance(path, str | Path):
+        raise DecodingError(f"a prompts file is a path, not {type(path).__name__}")
+    path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
@@ -28,6 +31,8 @@ def read_prompts(path: Path) -> list[str]:
             prompts = json.loads(text)
         except json.JSONDecodeError as e:
             raise DecodingError(f"{path} is not valid JSON: {e.msg} at line {e.lineno}") from e
+        except RecursionError:
+            raise DecodingError(f"{path} is nested too deeply: it must hold a JSON list of strings") from None
         if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
             raise DecodingError(f"{path} must hold a JSON list of strings")
         prompts = [p for p in prompts if p.strip()]

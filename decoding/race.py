@@ -27,14 +27,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .drafters import check_settings
 from .errors import DecodingError
 from .measure import LoadMeter, MachineLoad, combined, heat_steps, threads_for_load, timed_run
 from .model import LoadedModel
-from .settings import WARM_UP_TOKENS, DecodeSettings
+from .settings import PLAIN, WARM_UP_TOKENS, DecodeSettings
 from .stats import Spread, Timing, draft_cost, speedup, spread
 from .trace import RunTrace
 
-PLAIN = "ar"
 REPLAY_STEP = 0.05  # seconds between frames of the replay
 REPLAY_SECONDS = 5.0  # a longer race is replayed faster, every lane at the same pace, to end in this time
 DEFAULT_RACES = 3
@@ -175,9 +175,7 @@ def race(model: LoadedModel, prompt: str, settings: DecodeSettings, drafters: li
         raise DecodingError("tick at least one drafter to race against plain decoding (each once)")
     races = max(1, min(int(races), MAX_RACES))
     lanes = [PLAIN, *drafters]
-    methods = {lane: dataclasses.replace(settings, method=lane) for lane in lanes}
-    for lane_settings in methods.values():
-        lane_settings.validate()
+    methods = {lane: check_settings(dataclasses.replace(settings, method=lane)) for lane in lanes}
 
     yield RaceFrame("warm-up", races, lanes)
     meter = LoadMeter()

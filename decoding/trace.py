@@ -6,10 +6,11 @@ JSON-ready and `RunTrace.from_dict(to_dict())` gives back an equal trace.
 
 Vocabulary used throughout:
 - a *pass* is one forward pass of the base model;
-- a *round* is one pass plus its bookkeeping: for Medusa, draft -> verify -> accept; for plain
-  autoregressive (AR) decoding, a round is one single-token step;
-- the *root* of a Medusa round is the token the base model chose at the end of the previous round
-  (or at prefill). It is already part of the output; the round verifies guesses that follow it.
+- a *round* is one pass plus its bookkeeping: with a drafter (Medusa's heads, EAGLE, a draft model,
+  prompt lookup), draft -> verify -> accept; for plain autoregressive (AR) decoding, a round is
+  one single-token step;
+- the *root* of a round is the token the base model chose at the end of the previous round (or
+  at prefill). It is already part of the output; the round verifies guesses that follow it.
 """
 
 from __future__ import annotations
@@ -17,22 +18,26 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
+
+from .errors import DecodingError
+from .settings import DecodeSettings
 
 
 @dataclass
 class TreeTrace:
-    """The shape of the candidate tree, the same for every round of a run.
+    """The shape of a candidate tree: the run's, for a drafter that verifies one tree every round
+    (cut near the end of the context), or one round's own (EAGLE grows a new tree each round).
 
-    Node 0 is the root. Node i > 0 holds head `heads[i]`'s rank-`ranks[i]` guess and sits at
-    depth `depths[i]` below the root, so it is a guess for the token `depths[i]` places after
-    the root. `mask[i][j]` is 1 when node i may attend to node j (j is i or one of its ancestors).
+    Node 0 is the root. Node i > 0 holds the drafter's rank-`ranks[i]` guess for the token
+    `depths[i]` places after the root (Medusa's head `depths[i]`, a draft model's step, a copy).
+    `mask[i][j]` is 1 when node i may attend to node j (j is i or one of its ancestors).
     """
 
     choices: list[list[int]]
     parents: list[int]
     depths: list[int]
-    heads: list[int]
     ranks: list[int]
     mask: list[list[int]]
     name: str = "custom"
@@ -48,7 +53,7 @@ class TreeTrace:
             return self
         paths = self.choices[: size - 1]
         return TreeTrace(choices=paths, parents=self.parents[:size], depths=self.depths[:size],
-                         heads=self.heads[:size], ranks=self.ranks[:size],
+                         ranks=self.ranks[:size],
                          mask=[row[:size] for row in self.mask[:size]], name=self.name)
 
 
@@ -75,7 +80,7 @@ class DraftedTree:
 class DrafterInfo:
     """Where a run's guesses came from, and what that costs in memory (see drafters/)."""
 
-    name: str  # "medusa", "draft-model" or "prompt-lookup"
+    name: str  # the drafter's name (see drafters/)
     description: str
     parameters: int  # the drafter's trained parameters: heads, or a whole second model; 0 for lookup
     weight_bytes: int
@@ -111,7 +116,7 @@ class CostCurve:
         """The cost of a `size`-token pass, linearly interpolated between measured sizes."""
         if size <= self.sizes[0]:
             return self.costs[0]
-        for (a, ca), (b, cb) in zip(zip(self.sizes, self.costs), zip(self.sizes[1:], self.costs[1:])):
+        for (a, ca), (b, cb) in pairwise(zip(self.sizes, self.costs, strict=True)):
             if size <= b:
                 return ca + (cb - ca) * (size - a) / (b - a)
         return self.costs[-1]
@@ -126,7 +131,7 @@ class RoundTrace:
     position: int
     # Tokens this round added to the output, in order: accepted guesses, then the base model's
     # own next token ("bonus"). `emitted_from_drafter` says which of them were the drafter's
-    # guesses (Medusa's heads, a draft model's or prompt lookup's).
+    # guesses (Medusa's heads, EAGLE's, a draft model's or prompt lookup's).
     emitted_tokens: list[int]
     emitted_texts: list[str]
     emitted_from_drafter: list[bool]
@@ -191,39 +196,26 @@ RENAMED_ROUND_FIELDS = {"emitted_from_heads": "emitted_from_drafter", "heads_top
                         "heads_topk_probs": "guess_probs"}
 
 
+def _tree_from_dict(data: dict[str, Any]) -> TreeTrace:
+    """A tree as `to_dict` wrote it; one saved with `heads` (the same numbers as the depths) reads too."""
+    return TreeTrace(**{key: value for key, value in data.items() if key != "heads"})
+
+
 def _renamed(data: dict[str, Any], renamed: dict[str, str]) -> dict[str, Any]:
     return {renamed.get(key, key): value for key, value in data.items()}
 
 
 def _round_from_dict(data: dict[str, Any]) -> RoundTrace:
     if data.get("tree") is not None:
-        data["tree"] = TreeTrace(**data["tree"])
+        data["tree"] = _tree_from_dict(data["tree"])
     if data.get("drafted") is not None:
         data["drafted"] = DraftedTree(**data["drafted"])
     return RoundTrace(**data)
 
 
-@dataclass
-class RunSettings:
-    """What the user asked for; enough to reproduce the run."""
-
-    method: str  # "ar", or the drafter: "medusa", "eagle", "draft-model" or "prompt-lookup"
-    max_new_tokens: int
-    acceptance: str  # "greedy", "typical" or "sample"
-    temperature: float
-    top_p: float
-    epsilon: float
-    delta: float
-    seed: int | None
-    tree: str | None
-    num_heads: int | None
-    draft_tokens: int | None = None
-    draft_top_k: int | None = None
-    lookup_tokens: int | None = None
-    lookup_ngram: int | None = None
-    eagle_depth: int | None = None
-    eagle_top_k: int | None = None
-    eagle_nodes: int | None = None  # None: chosen each round by the cost curve
+# The settings a run was asked for, as its trace records them: the same type, with the tree it
+# verified and its drafter's own options filled in (see loops.py).
+RunSettings = DecodeSettings
 
 
 @dataclass
@@ -316,10 +308,17 @@ class RunTrace:
     def from_dict(cls, data: dict[str, Any]) -> RunTrace:
         """The trace `to_dict` wrote; one saved before a field was renamed reads too."""
         names = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(data, dict):
+            raise DecodingError(f"a trace is a JSON object, not {type(data).__name__}")
+        missing = [f.name for f in dataclasses.fields(cls)
+                   if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+                   and f.name not in data]
+        if missing:
+            raise DecodingError(f"not a trace: it has no {', '.join(missing)}")
         fields = {k: v for k, v in data.items() if k in names}
-        fields["settings"] = RunSettings(**fields["settings"])
+        fields["settings"] = DecodeSettings(**fields["settings"])
         if fields.get("tree") is not None:
-            fields["tree"] = TreeTrace(**fields["tree"])
+            fields["tree"] = _tree_from_dict(fields["tree"])
         if fields.get("drafter") is not None:
             fields["drafter"] = DrafterInfo(**fields["drafter"])
         if fields.get("cost_curve") is not None:

@@ -14,6 +14,7 @@ From the paths we derive, once per tree:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
@@ -79,8 +80,22 @@ def tree_graph(parents: Sequence[int]) -> nx.DiGraph:
     return graph
 
 
+def read_choices(text: str) -> list[list[int]]:
+    """A choices list written as JSON (`[[0], [0, 0], [1]]`), or a DecodingError saying where it
+    is malformed. Its paths are checked when a tree is made of it (`Tree.from_choices`)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DecodingError(f"the tree JSON is malformed: {e.msg} at line {e.lineno}, column {e.colno}") from e
+    except RecursionError:
+        raise DecodingError("the tree JSON is nested too deeply: a tree is a list of paths, each a list of ranks, "
+                            "e.g. [[0], [0, 0], [1]]") from None
+
+
 def _check_choices(choices: object, num_heads: int) -> list[tuple[int, ...]]:
     """Validate a choices list; return its paths as tuples, or raise DecodingError saying why."""
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int):
+        raise DecodingError(f"num_heads must be a whole number, not {num_heads!r}")
     if not isinstance(choices, (list, tuple)) or len(choices) == 0:
         raise DecodingError("a tree needs a non-empty list of paths, e.g. [[0], [0, 0], [1]]")
     paths: list[tuple[int, ...]] = []
@@ -154,11 +169,6 @@ class Tree:
     def ranks(self) -> list[int]:
         return [0] + [p[-1] for p in self.paths]
 
-    @property
-    def heads(self) -> list[int]:
-        """Which head guessed each node (1-based; 0 for the root): the head is the depth."""
-        return self.depths
-
     @cached_property
     def parents(self) -> list[int]:
         index = {p: i + 1 for i, p in enumerate(self.paths)}
@@ -213,7 +223,7 @@ class Tree:
     def draft_index(self) -> torch.Tensor:
         """For nodes 1..T-1: index into the heads' top-k table flattened to (heads * top_k)."""
         return torch.tensor(
-            [(d - 1) * self.top_k + r for d, r in zip(self.depths[1:], self.ranks[1:])],
+            [(d - 1) * self.top_k + r for d, r in zip(self.depths[1:], self.ranks[1:], strict=True)],
             dtype=torch.long,
         )
 
@@ -222,7 +232,6 @@ class Tree:
             choices=[list(p) for p in self.paths],
             parents=self.parents,
             depths=self.depths,
-            heads=self.heads,
             ranks=self.ranks,
             mask=self.ancestor_mask.int().tolist(),
             name=self.name,

@@ -2,7 +2,7 @@
 
     python -m scripts.browser_bench                       # the embedded default model, 64 new tokens
     python -m scripts.browser_bench --model stdlib --tokens 128 --repeats 3
-    python -m scripts.browser_bench --bar                 # issue 21's bar: mc_sim_7b_63, 64 new tokens
+    python -m scripts.browser_bench --bar                 # the page's drawing bar: mc_sim_7b_63, 64 new tokens
 
 Starts the app, opens it in Debian's Chromium (Playwright, headless, 1280x800), and for each tree
 size types the tree into the editor, presses Run and measures, on one clock (the same machine):
@@ -10,7 +10,7 @@ size types the tree into the editor, presses Run and measures, on one clock (the
 - first tree: from the click until the first round's tree is on screen;
 - drawn after end: from the moment the server saw the run end (the stream's `data-ended`) until
   the last round's tree and mask are drawn. This is what a visitor waits for once the run is over.
-With `--bar`, it times issue 21's bar instead: the preset `mc_sim_7b_63` (64 nodes) chosen in the
+With `--bar`, it times the page's drawing bar instead: the preset `mc_sim_7b_63` (64 nodes) chosen in the
 sidebar, Run pressed, and the time until the run is finished with its summary and the last round's
 64-row mask drawn; beside it the engine's time, when the server saw the end, how many times the
 summary and the tree were redrawn on the way, and whether a figure is in view (no scrolling).
@@ -153,7 +153,7 @@ def measure_bar(page, cdp, timeout_ms: int) -> BarMeasurement:
 
 
 def bar(url: str, repeats: int) -> None:
-    """Issue 21's bar: mc_sim_7b_63 on the page's default model and its default settings."""
+    """The page's drawing bar: mc_sim_7b_63 on the page's default model and its default settings."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright, browser_page(playwright) as page:
@@ -186,7 +186,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64, help="max new tokens per run")
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="tree sizes, root included")
     parser.add_argument("--repeats", type=int, default=2, help="runs per size; the table shows medians")
-    parser.add_argument("--bar", action="store_true", help="time issue 21's bar (mc_sim_7b_63) instead")
+    parser.add_argument("--bar", action="store_true", help="time the page's drawing bar (mc_sim_7b_63) instead")
     args = parser.parse_args()
     if args.bar:
         with running_app(args.model) as url:

@@ -36,7 +36,8 @@ from app import MODEL_ENV
 ROOT = Path(__file__).resolve().parent.parent
 
 # Tracked, but not part of the app: tests, CI, developer tools and their configuration.
-DEV_ONLY = ("tests/", ".ci/", "scripts/", "requirements-dev.txt", "pyproject.toml", ".gitignore")
+DEV_ONLY = ("tests/", ".ci/", "scripts/", "requirements-dev.txt", "requirements-train.txt", "pyproject.toml",
+            ".gitignore")
 # The Hub stores files this large through Xet/LFS whatever they hold.
 LFS_MIN_SIZE = 10 * 1024 * 1024
 # Git's own test for a binary file: a NUL byte in the first 8000 bytes. A sample that is not

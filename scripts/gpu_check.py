@@ -78,7 +78,8 @@ def parting(lm: LoadedModel, prompts: list[str], new_tokens: int, draft_tokens: 
         drafted = generate(lm, prompt, DecodeSettings(method="draft-model", max_new_tokens=new_tokens,
                                                       draft_tokens=draft_tokens)).tokens
         if drafted != plain:
-            first_parted.append(next(i for i, (a, b) in enumerate(zip(plain, drafted)) if a != b))
+            # The two may differ in length (one stopped sooner): compare the positions both wrote.
+            first_parted.append(next(i for i, (a, b) in enumerate(zip(plain, drafted, strict=False)) if a != b))
     return {"answers": len(prompts), "parted": len(first_parted), "first_parted_at": first_parted}
 
 
@@ -106,7 +107,7 @@ def main() -> int:
         curve = measure_cost_curve(lm, sizes=sizes, past=512 if not args.smoke else 64, repeats=5)
         report["cost_curves"][label] = asdict(curve)
         print(f"{label:>8}: step {curve.step_seconds * 1e3:.2f} ms; "
-              + ", ".join(f"T={s} {c:.2f}" for s, c in zip(curve.sizes, curve.costs)), flush=True)
+              + ", ".join(f"T={s} {c:.2f}" for s, c in zip(curve.sizes, curve.costs, strict=True)), flush=True)
         if not args.smoke:  # the 7B shape: 20 answers of random text, full of near-ties
             prompts = [f"{i} {i * 7} {i * 13}" for i in range(20)]
             report.setdefault("parting_7b", {})[label] = parting(lm, prompts, 64, 4)

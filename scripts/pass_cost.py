@@ -64,7 +64,7 @@ class Variants:
                                              for _, _, child in self.slots]
 
     def use(self, variant: str) -> None:
-        for (parent, name, _), layer in zip(self.slots, self.layers[variant]):
+        for (parent, name, _), layer in zip(self.slots, self.layers[variant], strict=True):
             setattr(parent, name, layer)
 
 

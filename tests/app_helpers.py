@@ -31,7 +31,7 @@ def make_tree(choices: list[list[int]], name: str = "test") -> TreeTrace:
             walk = parents[walk]
     depths = [0] + [len(p) for p in paths]
     return TreeTrace(choices=[list(p) for p in paths], parents=parents, depths=depths,
-                     heads=list(depths), ranks=[0] + [p[-1] for p in paths], mask=mask, name=name)
+                     ranks=[0] + [p[-1] for p in paths], mask=mask, name=name)
 
 
 def path_nodes(tree: TreeTrace, leaf: int) -> list[int]:
@@ -125,7 +125,7 @@ def make_chain_run(method: str, accepted: list[int | None], length: int = 4, see
     chain = [[0] * depth for depth in range(1, length + 1)]
     run = make_run(chain, [count or 0 for count in accepted], seed)
     run.settings, run.tree.name = settings(method, tree=f"chain-{length}"), f"chain-{length}"
-    for rnd, count in zip(run.rounds, accepted):
+    for rnd, count in zip(run.rounds, accepted, strict=True):
         if count is None:  # a root-only round: the node lists keep the root alone
             for name in ("node_tokens", "node_texts", "node_base_probs", "base_argmax_tokens",
                          "base_argmax_texts", "base_argmax_probs"):

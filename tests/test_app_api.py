@@ -12,10 +12,12 @@ from types import SimpleNamespace
 import pytest
 from gradio_client import Client
 
-from app.handlers import cache, switch_model, write_json
+from app.handlers import switch_model
 from app.inputs import RunRequest, decode_settings, describe_tree, format_choices, race_lanes
 from app.layout import DEFAULT_PROMPTS, build_demo, example_rows, launch_options
 from app.models import ModelCache, describe, offered_models, require_offered
+from app.store import cache, write_json
+from app.views import LEARN_FIGURES, STATS_FIGURES
 from decoding.errors import DecodingError
 from decoding.limits import PAGE_LIMITS
 from decoding.prompts import example_prompts
@@ -83,7 +85,7 @@ def test_trace_endpoint_runs_each_drafter_the_model_offers(client, method):
         return
     assert trace.drafter.name == method and trace.tree.name == ("chain-3" if method == "draft-model" else "chain-5")
     assert all(source == method for rnd in trace.rounds for source in rnd.node_sources[1:])
-    assert trace.settings.draft_tokens == (3 if method == "draft-model" else None)
+    assert trace.settings.options.get("draft_tokens") == (3 if method == "draft-model" else None)
 
 
 @pytest.mark.parametrize("method, lengths, message", [
@@ -115,8 +117,8 @@ def test_the_trace_endpoint_grows_eagles_tree_as_asked(client):
 @pytest.mark.parametrize("eagle, message", [
     ((0, 8, 0), "eagle_depth must be a whole number from 1 to 16, not 0"),
     ((6, 17, 0), "eagle_top_k must be a whole number from 1 to 16, not 17"),
-    ((6, 8, 64), "eagle_nodes must be a whole number from 1 to 63, or 0 for as many as pay here, not 64"),
-    ((6, 8, -1), "eagle_nodes must be a whole number from 1 to 63, or 0 for as many as pay here, not -1"),
+    ((6, 8, 64), "eagle_nodes must be a whole number from 1 to 63"),
+    ((6, 8, -1), "eagle_nodes must be a whole number from 1 to 63"),
     ((6, 8, 2.5), "eagle_nodes must be a whole number, not 2.5"),
 ])
 def test_the_trace_endpoint_refuses_an_eagle_tree_it_cannot_grow(client, eagle, message):
@@ -127,12 +129,12 @@ def test_the_trace_endpoint_refuses_an_eagle_tree_it_cannot_grow(client, eagle, 
 def test_trace_endpoint_takes_a_custom_tree_and_fewer_heads(client):
     data = client.predict("It is a truth", 6, "greedy", "[[0], [0, 0], [1]]", 2, api_name="/trace")
     assert data["tree"]["choices"] == [[0], [1], [0, 0]]
-    assert data["settings"]["num_heads"] == 2
+    assert data["settings"]["options"] == {"num_heads": 2}
 
 
 @pytest.mark.parametrize("args, message", [
     (("", 8), "prompt is empty"),
-    (("It is", 0), "max_new_tokens must be from 1 to"),
+    (("It is", 0), "max_new_tokens must be a whole number from 1 to"),
     (("It is", 8, "greedy", "[[0], [0"), "malformed"),
     (("It is", 8, "greedy", "[[0, 0]]"), "has no parent"),
     (("It is", 8, "sometimes"), "acceptance must be one of"),
@@ -157,8 +159,8 @@ def test_concurrent_visitors_take_turns_and_none_is_lost(client):
 def test_a_model_that_cannot_load_keeps_the_previous_one(client, tiny_model_dir):
     # Outside a page request, gr.Warning falls back to a Python warning.
     with pytest.warns(UserWarning, match="not offered here"):
-        dropdown, current, *_ = switch_model("/no/such/model", tiny_model_dir, "medusa")
-    assert dropdown == current == tiny_model_dir
+        updates = switch_model("/no/such/model", tiny_model_dir, "medusa")
+    assert updates == {"model": tiny_model_dir, "current_model": tiny_model_dir}
 
 
 # ----------------------------------------------------------------------------- the page's checks
@@ -171,7 +173,7 @@ def model(tiny_model_dir):
 def _settings(model, tree_text: str, num_heads: int, **overrides):
     values = dict(prompt="It is", model=model.name, max_new_tokens=16, preset=model.default_tree,
                   tree_text=tree_text, num_heads=num_heads)
-    return decode_settings(model, RunRequest(**(values | overrides)))
+    return decode_settings(model, RunRequest.of(**(values | overrides)))
 
 
 def test_an_unedited_preset_is_passed_by_name(model):
@@ -202,13 +204,13 @@ def test_only_the_drafters_a_model_has_are_accepted(model):
     without_draft = dataclasses.replace(model, draft=None)
     with pytest.raises(DecodingError,
                        match="offers no drafter 'draft-model': choose one of ar, medusa, eagle, prompt-lookup"):
-        decode_settings(without_draft, RunRequest(prompt="It is", model=model.name, method="draft-model"))
+        decode_settings(without_draft, RunRequest.of(prompt="It is", model=model.name, method="draft-model"))
     with pytest.raises(DecodingError, match="offers no drafter 'draft-model'"):
-        race_lanes(without_draft, RunRequest(prompt="It is", model=model.name, lanes=("medusa", "draft-model")))
+        race_lanes(without_draft, RunRequest.of(prompt="It is", model=model.name, lanes=("medusa", "draft-model")))
     with pytest.raises(DecodingError, match="tick at least one drafter"):
-        race_lanes(model, RunRequest(prompt="It is", model=model.name, lanes=()))
+        race_lanes(model, RunRequest.of(prompt="It is", model=model.name, lanes=()))
     # Ticked in any order, the lanes run in the order the model offers them.
-    assert race_lanes(model, RunRequest(prompt="It is", model=model.name, lanes=("prompt-lookup", "medusa"))) == [
+    assert race_lanes(model, RunRequest.of(prompt="It is", model=model.name, lanes=("prompt-lookup", "medusa"))) == [
         "medusa", "prompt-lookup"]
 
 
@@ -217,12 +219,13 @@ def test_a_half_edited_tree_blocks_medusa_but_not_the_other_drafters(model):
         settings = _settings(model, "[[0], [0", model.num_heads, method=method, draft_tokens=3.0)
         assert settings.method == method and settings.tree == "default" and settings.draft_tokens == 3
     with pytest.raises(DecodingError, match="malformed"):
-        decode_settings(model, RunRequest(prompt="It is", model=model.name, preset=model.default_tree,
+        decode_settings(model, RunRequest.of(prompt="It is", model=model.name, preset=model.default_tree,
                                           tree_text="[[0], [0"), ["prompt-lookup", "medusa"])
 
 
 def test_switching_models_offers_the_new_models_drafters(client, tiny_model_dir):
-    *_, method, lanes = switch_model(tiny_model_dir, tiny_model_dir, "draft-model")
+    updates = switch_model(tiny_model_dir, tiny_model_dir, "draft-model")
+    method, lanes = updates["method"], updates["lanes"]
     assert method.value == "draft-model" and [name for _, name in method.choices] == [
         "medusa", "eagle", "draft-model", "prompt-lookup"]
     # Every drafter is offered; Medusa alone is ticked, so a first race is short (the rest on request).
@@ -249,16 +252,16 @@ def test_the_model_menu_names_each_embedded_model_by_its_card():
 def test_the_page_defaults_are_the_engines():
     from decoding import DecodeSettings
 
-    request, engine = RunRequest(prompt="x", model="m"), DecodeSettings()
+    request, engine = RunRequest.of(prompt="x", model="m"), DecodeSettings()
     assert (request.temperature, request.epsilon, request.delta, request.max_new_tokens) == (
         engine.temperature, engine.epsilon, engine.delta, engine.max_new_tokens)
 
 
 def test_downloads_share_one_folder_and_old_ones_are_pruned(tmp_path, monkeypatch):
-    import app.handlers as handlers
+    import app.store as store
 
-    monkeypatch.setattr(handlers, "DOWNLOADS", tmp_path)
-    monkeypatch.setattr(handlers, "KEEP_DOWNLOADS", 3)
+    monkeypatch.setattr(store, "DOWNLOADS", tmp_path)
+    monkeypatch.setattr(store, "KEEP_DOWNLOADS", 3)
     paths = [write_json("medusa_trace.json", {"run": i}) for i in range(5)]
     assert all(p.startswith(str(tmp_path)) and p.endswith("medusa_trace.json") for p in paths)
     assert len(list(tmp_path.iterdir())) == 3
@@ -298,7 +301,7 @@ def test_on_a_gpu_the_cache_keeps_one_model_and_drops_it_before_loading_the_next
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     cache = ModelCache()
-    assert cache.keep == app.models.KEEP_MODELS_ON_GPU == 1
+    assert cache.keep == app.models.KEEP_MODELS_ON_GPU  # the GPU's own count, not the CPU's
     in_memory_while_loading = {}
 
     def load(name):
@@ -311,7 +314,7 @@ def test_on_a_gpu_the_cache_keeps_one_model_and_drops_it_before_loading_the_next
     assert in_memory_while_loading == {"a": [], "b": []}  # "a" was gone before "b" loaded
     assert cache.loaded() == ["b"]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert ModelCache().keep == app.models.KEEP_MODELS == 2
+    assert ModelCache().keep == app.models.KEEP_MODELS
 
 
 def test_the_page_offers_what_the_engine_can_load(monkeypatch):
@@ -413,8 +416,10 @@ def _page_and_values(model_dir: str, **request):
 
     fields = {f.name: f.name for f in dataclasses.fields(handlers.Page)}
     page = handlers.Page(**fields | {"request": {f.name: f.name for f in dataclasses.fields(RunRequest)},
-                                     "stats_plots": [], "step_mds": [], "steps": []})
-    values = dataclasses.asdict(RunRequest(model=model_dir, **request)) | {"projector": False, "width": 1280}
+                                     "stats_plots": {name: name for name in STATS_FIGURES},
+                                     "learn_plots": {name: name for name in LEARN_FIGURES},
+                                     "step_mds": [], "steps": []})
+    values = dataclasses.asdict(RunRequest.of(model=model_dir, **request)) | {"projector": False, "width": 1280}
     return page, values
 
 

@@ -160,11 +160,11 @@ def test_the_after_medusa_step_sets_the_measured_accuracies_side_by_side_on_the_
     other = render_steps(load_steps(), eagle, None, GuessingAccuracy(medusa=[0.05], eagle=[0.93]))[index]
     assert "| 1 | 5% | 93% |" in other and "41%" not in other
     figures = views.learn_figures(eagle, race, accuracy=ACCURACY)
-    bars = {bar.name: list(bar.y) for bar in figures[1].data}
+    bars = {bar.name: list(bar.y) for bar in figures["guessing"].data}
     assert bars["Medusa head d, top-1 (held-out)"] == ACCURACY.medusa
     assert bars["EAGLE step d, given the steps before (held-out)"] == ACCURACY.eagle
     assert bars["your EAGLE run"] == [rate for _, _, rate in charts.acceptance_by_depth(eagle)]
-    phone = views.learn_figures(eagle, race, Look(width=390), ACCURACY)[1]
+    phone = views.learn_figures(eagle, race, Look(width=390), ACCURACY)["guessing"]
     assert phone.layout.title.text == "Right how often, d ahead?" and len(phone.data) == 4
 
 

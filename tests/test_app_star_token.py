@@ -4,6 +4,8 @@ whenever a sampling mode draws another token.)"""
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 
 from app.tokens import figure_text
@@ -22,7 +24,7 @@ def test_the_star_is_the_next_rounds_root(tiny_llama, acceptance, temperature):
     settings = DecodeSettings(max_new_tokens=40, acceptance=acceptance, temperature=temperature, seed=3)
     trace = generate(tiny_llama, "It is a truth universally", settings)
     assert len(trace.rounds) >= 5
-    for rnd, following in zip(trace.rounds, trace.rounds[1:]):
+    for rnd, following in pairwise(trace.rounds):
         assert rnd.next_token == following.root_token
         assert rnd.emitted_tokens[-1] == rnd.next_token  # written, as the round's last token
         assert _star_text(trace, rnd) == figure_text(tiny_llama.token_text(following.root_token), 10)

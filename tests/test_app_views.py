@@ -292,15 +292,15 @@ def test_without_a_measured_curve_learn_says_so_and_draws_no_numbers(run):
     run.cost_curve = None
     first = render_steps(load_steps(), run, None)[0]
     assert "did not time passes of different sizes" in first and MISSING not in first.split("**In your run")[0]
-    figure, _ = views.learn_figures(run, None)
+    figure = views.learn_figures(run, None)["cost-curve"]
     assert "Not measured" in figure.layout.annotations[0].text
     assert "Press **Run** to see what a pass costs" in render_steps(load_steps(), None, None)[0]
-    assert "Press Run" in views.learn_figures(None, None)[0].layout.annotations[0].text
+    assert "Press Run" in views.learn_figures(None, None)["cost-curve"].layout.annotations[0].text
 
 
 def test_the_cost_curve_figure_draws_the_measurement_between_free_and_one_step_a_token(run):
     run.cost_curve = _curve([1.0, 0.93, 1.31, 2.47])
-    figure, _ = views.learn_figures(run, None)
+    figure = views.learn_figures(run, None)["cost-curve"]
     measured = next(trace for trace in figure.data if trace.name.startswith("measured"))
     assert list(measured.x) == [1, 4, 16, 64] and list(measured.y) == [1.0, 0.93, 1.31, 2.47]
     mark = next(trace for trace in figure.data if trace.name.startswith("your tree"))

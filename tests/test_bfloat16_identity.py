@@ -63,7 +63,7 @@ def bf16_dirs(tmp_path_factory):
 
 
 def _load(path: str, attention: str):
-    lm = load_model(path, device="cpu", dtype="bfloat16", attention=attention, with_draft=False)
+    lm = load_model(path, device="cpu", dtype="bfloat16", attention=attention, drafters=("medusa", "eagle"))
     lm.draft = lm  # the model drafts for itself: long, mostly right chains, wrong at near-ties
     return lm
 

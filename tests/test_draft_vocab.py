@@ -164,6 +164,12 @@ def _as_recorded(answers: Answers) -> list[Recorded]:
     return out
 
 
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    """Recordings keep their features in the cache folder: a test's own."""
+    monkeypatch.setenv("MEDUSA_PLAYGROUND_CACHE", str(tmp_path / "cache"))
+
+
 def _save_cyclic_shards(folder, lm_head, count: int) -> None:
     cycle = torch.randperm(64, generator=torch.Generator().manual_seed(1))[:20].tolist()
     for number in range(count):

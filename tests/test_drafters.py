@@ -19,8 +19,10 @@ from transformers import AutoModelForCausalLM
 from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
 from decoding import DecodeSettings, DecodingError, RunTrace, generate
-from decoding.drafters import find_continuation
-from decoding.loading import load_draft_model, load_model
+from decoding.drafters import check_settings
+from decoding.drafters.draft_model import load_draft_model
+from decoding.drafters.prompt_lookup import find_continuation
+from decoding.loading import load_model
 from decoding.model import LoadedModel
 from decoding.tiny import tiny_model
 
@@ -170,7 +172,7 @@ def test_shipped_draft_is_loaded(tiny_dirs):
     lm = load_model(str(tiny_dirs["qwen2"]))
     assert lm.draft is not None and lm.draft.tokenizer is lm.tokenizer
     assert lm.draft.model.config.num_hidden_layers == 1
-    assert load_model(str(tiny_dirs["qwen2"]), with_draft=False).draft is None
+    assert load_model(str(tiny_dirs["qwen2"]), drafters=("medusa", "eagle")).draft is None
 
 
 def test_draft_model_must_share_the_vocabulary(tiny_llama, tmp_path):
@@ -191,7 +193,7 @@ def test_no_draft_model_is_a_clear_error(tiny_llama):
 @pytest.mark.parametrize("value", [0, 65, 2.5, True])
 def test_draft_limits_are_checked(field, value):
     with pytest.raises(DecodingError, match=field):
-        DecodeSettings(**{field: value}).validate()
+        check_settings(DecodeSettings(**{field: value}))
 
 
 def test_draft_model_stops_guessing_past_its_context(tiny_llama):

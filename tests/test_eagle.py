@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 from decoding import DecodeSettings, generate, load_model
+from decoding.drafters import check_settings
 from decoding.dynamic_tree import DraftTree, best_size, rerank, verified_tree
 from decoding.eagle import EagleConfig, EagleHead, load_own, load_published
 from decoding.errors import DecodingError
@@ -74,10 +75,10 @@ def trained(tiny_dirs):
     out = {}
     for arch, fused in (("llama", False), ("qwen2", False), ("llama-fused", True)):
         folder = tiny_dirs[arch.removesuffix("-fused")]
-        base = load_model(folder, device="cpu", dtype="float32", with_draft=False, self_test=False)
+        base = load_model(folder, device="cpu", dtype="float32", drafters=("medusa", "eagle"), self_test=False)
         head, _ = train_tiny_eagle(base.model, base.tokenizer, fused=fused)
         for dtype in ("float32", "bfloat16"):
-            lm = load_model(folder, device="cpu", dtype=dtype, with_draft=False, self_test=False)
+            lm = load_model(folder, device="cpu", dtype=dtype, drafters=("medusa", "eagle"), self_test=False)
             lm.eagle = EagleHead(head.config, lm.model).to(lm.dtype).eval()
             lm.eagle.load_state_dict(head.state_dict())
             out[arch, dtype] = lm
@@ -159,7 +160,7 @@ def test_the_draft_cache_keeps_in_step_after_rejections(trained):
     text = lm.tokenizer(prompt).input_ids + [trace.prefill_token]
     rejected = 0
     for r in trace.rounds:
-        first = [t for t, d in zip(r.drafted.tokens, r.drafted.depths) if d == 1]
+        first = [t for t, d in zip(r.drafted.tokens, r.drafted.depths, strict=True) if d == 1]
         assert first == from_scratch_first_guesses(lm, text, 4)
         rejected += len(r.accepted_nodes) - 1 < max(r.tree.depths)
         text += r.emitted_tokens
@@ -210,7 +211,7 @@ def test_a_model_without_an_eagle_head_is_told_how_to_get_one(tiny_llama):
                                               ("eagle_top_k", 17), ("eagle_top_k", 2.5)])
 def test_eagle_settings_out_of_range_are_refused(field, value):
     with pytest.raises(DecodingError, match=field):
-        DecodeSettings(method="eagle", **{field: value}).validate()
+        check_settings(DecodeSettings(method="eagle", **{field: value}))
 
 
 def test_gpt2_has_no_eagle_head():

@@ -25,10 +25,10 @@ def eagles(tmp_path_factory):
     out = {}
     for arch in OTHER_ARCHITECTURES:
         folder = make_tiny_model_dir(root / arch, arch=arch)
-        base = load_model(folder, device="cpu", dtype="float32", with_draft=False, self_test=False)
+        base = load_model(folder, device="cpu", dtype="float32", drafters=("eagle",), self_test=False)
         head, _ = train_tiny_eagle(base.model, base.tokenizer, epochs=40, fused=True)
         for dtype in ("float32", "bfloat16"):
-            lm = load_model(folder, device="cpu", dtype=dtype, with_draft=False)
+            lm = load_model(folder, device="cpu", dtype=dtype, drafters=("eagle",))
             lm.eagle = EagleHead(head.config, lm.model).to(lm.dtype).eval()
             lm.eagle.load_state_dict(head.state_dict())
             out[arch, dtype] = lm

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from itertools import pairwise
 
 import pytest
 
@@ -62,7 +63,7 @@ def test_reference_tree_layout_has_no_two_nodes_on_one_spot():
     # Labels sit to the right of their node: two nodes of one depth need a full row between them.
     for depth in range(5):
         rows = sorted(y for x, y in pos.values() if x == depth)
-        assert all(b - a >= 1 for a, b in zip(rows, rows[1:]))
+        assert all(b - a >= 1 for a, b in pairwise(rows))
     leaves = [n for n in range(tree.size) if n not in tree.parents]
     assert sorted(pos[n][1] for n in leaves) == list(range(leaf_count(tree.parents)))
 
@@ -75,10 +76,10 @@ def test_tree_figure_highlights_exactly_the_accepted_path(run):
     fig = tree_figure(run.tree, rnd)
     pos = tidy_layout(run.tree.parents, run.tree.depths)
     (edges,) = _trace_named(fig, "accepted path")
-    drawn = {(x, y) for x, y in zip(edges.x, edges.y) if x is not None}
+    drawn = {(x, y) for x, y in zip(edges.x, edges.y, strict=True) if x is not None}
     assert drawn == {pos[n] for n in rnd.accepted_nodes}
     for trace in _node_traces(fig):
-        for node, opacity in zip(trace.customdata, trace.marker.opacity):
+        for node, opacity in zip(trace.customdata, trace.marker.opacity, strict=True):
             assert (opacity == 1.0) == (node in rnd.accepted_nodes)
 
 
@@ -87,13 +88,13 @@ def test_tree_figure_labels_nodes_with_their_tokens_and_hover_has_the_facts(run)
     fig = tree_figure(run.tree, rnd)
     labelled = {}
     for trace in _node_traces(fig):
-        for node, text, hover in zip(trace.customdata, trace.text, trace.hovertext):
+        for node, text, hover in zip(trace.customdata, trace.text, trace.hovertext, strict=True):
             labelled[node] = (text, hover)
     assert sorted(labelled) == list(range(run.tree.size))
     for node, (text, hover) in labelled.items():
         assert text == figure_text(rnd.node_texts[node], 10)
         if node:
-            assert f"head {run.tree.heads[node]}, rank {run.tree.ranks[node] + 1}" in hover
+            assert f"head {run.tree.depths[node]}, rank {run.tree.ranks[node] + 1}" in hover
             parent_choice = figure_text(rnd.base_argmax_texts[run.tree.parents[node]])
             assert f"most likely token here: '{parent_choice}'" in hover
             assert ("accepted" in hover) == (node in rnd.accepted_nodes)
@@ -188,7 +189,7 @@ def test_a_big_mask_thins_its_labels_and_keeps_a_hover_for_every_cell():
     fig = mask_figure(big.tree, rnd)
     shown = list(fig.layout.yaxis.tickvals)
     assert 0 in shown and 5 <= len(shown) < 30
-    assert all(b - a >= label_every(big.tree) for a, b in zip(shown, shown[1:]))
+    assert all(b - a >= label_every(big.tree) for a, b in pairwise(shown))
     assert list(fig.layout.yaxis.ticktext) == [mask_label(rnd, n) for n in shown]
     assert all(mask_label(rnd, n).startswith("✓") for n in rnd.accepted_nodes)
     (heat,) = fig.data
@@ -209,7 +210,7 @@ def test_tick_labels_are_not_measured_against_the_page_on_every_draw():
 def test_labelled_rows_are_never_closer_than_the_step_and_the_root_is_always_labelled():
     shown = labelled_nodes(64, [0, 1, 3, 17, 40], every=6)
     assert shown[0] == 0 and {17, 40} <= set(shown)
-    assert all(b - a >= 6 for a, b in zip(shown, shown[1:]))
+    assert all(b - a >= 6 for a, b in pairwise(shown))
     assert labelled_nodes(9, [0, 2], every=1) == list(range(9))
 
 
@@ -277,7 +278,7 @@ def test_figures_serialise_to_json(run):
 def test_stream_html_groups_tokens_by_pass_and_marks_head_tokens(run):
     html = stream_html(run)
     assert html.count('class="pass') == 1 + len(run.rounds)
-    assert html.count("tok-head") == sum(sum(r.emitted_from_drafter) for r in run.rounds)
+    assert html.count("tok-guess") == sum(sum(r.emitted_from_drafter) for r in run.rounds)
     assert stream_html(run, until=0.0).count('class="pass') == 0
 
 

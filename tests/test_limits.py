@@ -9,9 +9,11 @@ from types import SimpleNamespace
 import pytest
 
 from decoding import DecodeSettings, DecodingError, generate
-from decoding import limits as limits_module
+from decoding import memory as memory
 from decoding.cli import main
-from decoding.limits import PAGE_LIMITS, check_page_limits, page_problems, run_memory_bytes
+from decoding.drafters import check_settings
+from decoding.limits import PAGE_LIMITS, check_page_limits, page_problems
+from decoding.memory import run_memory_bytes
 
 # SmolLM2-135M's shape: the default model of the page.
 SMOLLM2 = SimpleNamespace(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576,
@@ -46,7 +48,7 @@ def test_the_page_limits_name_each_problem():
 
 
 def test_a_run_that_would_not_fit_in_memory_is_refused_before_any_pass(tiny_llama, monkeypatch):
-    monkeypatch.setattr(limits_module, "free_memory_bytes", lambda device: 1_000)
+    monkeypatch.setattr(memory, "free_memory_bytes", lambda device: 1_000)
     with pytest.raises(DecodingError, match=r"would need about .* but cpu has .* free"):
         generate(tiny_llama, "hello", DecodeSettings(max_new_tokens=4))
     with pytest.raises(DecodingError, match="would need about"):
@@ -54,7 +56,7 @@ def test_a_run_that_would_not_fit_in_memory_is_refused_before_any_pass(tiny_llam
 
 
 def test_a_run_that_fits_is_not_refused(tiny_llama, monkeypatch):
-    monkeypatch.setattr(limits_module, "free_memory_bytes", lambda device: 10**12)
+    monkeypatch.setattr(memory, "free_memory_bytes", lambda device: 10**12)
     assert len(generate(tiny_llama, "hello", DecodeSettings(max_new_tokens=4)).tokens) == 4
 
 
@@ -69,7 +71,7 @@ def test_a_run_stops_at_its_time_limit_with_what_it_wrote(tiny_llama, method):
 
 def test_a_time_limit_must_be_positive():
     with pytest.raises(DecodingError, match="time_limit"):
-        DecodeSettings(time_limit=0).validate()
+        check_settings(DecodeSettings(time_limit=0))
 
 
 def test_the_cli_runs_past_the_page_limits_but_warns(capsys, tiny_dirs):

@@ -170,7 +170,7 @@ def _stub_ratio(monkeypatch, ratio: float) -> None:
                                                         (2.8, torch.float32, "no fast bfloat16")])
 def test_auto_dtype_follows_the_measurement(tiny_dirs, monkeypatch, ratio, dtype, words):
     _stub_ratio(monkeypatch, ratio)
-    lm = load_model(str(tiny_dirs["llama"]), with_draft=False)
+    lm = load_model(str(tiny_dirs["llama"]), drafters=("medusa", "eagle"))
     assert lm.dtype == dtype and next(lm.heads.parameters()).dtype == dtype
     assert words in lm.dtype_reason and f"{ratio:.2f}x" in lm.dtype_reason
     assert lm.gathered_attention == (dtype == torch.bfloat16)  # exact attention where it is needed
@@ -181,7 +181,7 @@ def test_auto_dtype_follows_the_measurement(tiny_dirs, monkeypatch, ratio, dtype
 @pytest.mark.parametrize("asked", ["float32", "bfloat16", torch.float32, torch.bfloat16])
 def test_a_dtype_asked_for_is_not_measured(tiny_dirs, monkeypatch, asked):
     monkeypatch.setattr(precision, "bfloat16_time_ratio", lambda weights: pytest.fail("measured"))
-    lm = load_model(str(tiny_dirs["llama"]), dtype=asked, with_draft=False)
+    lm = load_model(str(tiny_dirs["llama"]), dtype=asked, drafters=("medusa", "eagle"))
     assert str(lm.dtype).removeprefix("torch.") == str(asked).removeprefix("torch.") and lm.dtype_reason == ""
 
 

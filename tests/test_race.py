@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from app.views import LEARN_FIGURES, STATS_FIGURES
 from app_helpers import SMALL_CHOICES, make_ar_run, make_chain_run, make_race, make_run
 from decoding.errors import DecodingError
 from decoding.race import RaceFrame, lane_order, race
@@ -150,8 +151,10 @@ def test_while_lanes_are_measured_the_page_gets_the_status_line_alone(tiny_dirs,
     monkeypatch.setattr(handlers, "PUSH_EVERY", 0.0)  # push every frame
     fields = {f.name: f.name for f in dataclasses.fields(handlers.Page)}  # components named by strings
     page = handlers.Page(**fields | {"request": {f.name: f.name for f in dataclasses.fields(RunRequest)},
-                                     "stats_plots": [], "step_mds": [], "steps": []})
-    values = dataclasses.asdict(RunRequest(prompt="It is a truth", model=model, max_new_tokens=8, races=2,
+                                     "stats_plots": {name: name for name in STATS_FIGURES},
+                                     "learn_plots": {name: name for name in LEARN_FIGURES},
+                                     "step_mds": [], "steps": []})
+    values = dataclasses.asdict(RunRequest.of(prompt="It is a truth", model=model, max_new_tokens=8, races=2,
                                            lanes=("medusa", "prompt-lookup"))) | {"projector": False, "width": 1280}
     updates = list(handlers.run_race(page, values))
     measuring = [u for u in updates if "measuring" in str(u.get("race_status"))]

@@ -1,4 +1,4 @@
-"""The README, true to the letter: its commands run as written, and its layout table lists every module.
+"""The README, true to the letter: its commands run as written; and docs/design.md's layout table lists every module.
 
 Every fenced `bash` block is run, command by command, exactly as written, in the repository root
 with this venv's `python` first on the PATH (the README asks for the venv to be active). A block
@@ -24,6 +24,7 @@ from decoding.fetch import is_fetched
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+DESIGN = ROOT / "docs" / "design.md"  # its table under "How the code is laid out" lists every module
 NOT_RUN = re.compile(r"<!--\s*not-run:\s*(.*?)\s*-->")
 PLACEHOLDER = re.compile(r"^(\.\.\.|[A-Z][A-Z_]*[A-Z](/[A-Z_]+)?)$")  # `...`, FILE, PATH_OR_HUB_ID, USER/NAME
 # What a cheap command must never be: these install, push or run the whole suite. Mark them not-run.
@@ -147,7 +148,7 @@ def test_readme_command_runs_as_written(command):
 # ----- the layout table -----
 def layout_paths() -> set[str]:
     """Paths the table under "How the code is laid out" names: `dir/a.py`, `b.py` in one cell is dir/b.py."""
-    text = README.read_text(encoding="utf-8")
+    text = DESIGN.read_text(encoding="utf-8")
     section = text.split("## How the code is laid out", 1)[1].split("\n## ", 1)[0]
     listed = set()
     for row in section.splitlines():
@@ -175,9 +176,9 @@ def modules() -> set[str]:
 
 def test_layout_table_lists_every_module():
     missing = sorted(modules() - layout_paths())
-    assert not missing, f"add these to the README's table under 'How the code is laid out': {missing}"
+    assert not missing, f"add these to docs/design.md's table under 'How the code is laid out': {missing}"
 
 
 def test_layout_table_names_only_what_exists():
     gone = sorted(p for p in layout_paths() if not (ROOT / p).exists())
-    assert not gone, f"the README's layout table names files that do not exist: {gone}"
+    assert not gone, f"docs/design.md's layout table names files that do not exist: {gone}"

@@ -276,7 +276,7 @@ def write_records(folder: Path, shards: int, per_shard: int, seed: int, vocab: i
         meta = {"instructions": [f"q{number}-{i}" for i in range(per_shard)], "prompts": prompts, "answers": answers}
         (folder / f"shard-{number:05d}.json").write_text(json.dumps(meta))
         (folder / f"shard-{number:05d}.safetensors").write_bytes(b"")  # not read
-        records += [Record(p, a) for p, a in zip(prompts, answers)]
+        records += [Record(p, a) for p, a in zip(prompts, answers, strict=True)]
     return records
 
 

@@ -151,7 +151,7 @@ def test_training_lowers_the_loss_and_raises_accuracy(
 
     assert sum(run.losses[-5:]) < 0.8 * sum(run.losses[:5])
     assert len(trained) == 3 and all(len(row) == 5 for row in trained)
-    for before, after in zip(untrained, trained):
+    for before, after in zip(untrained, trained, strict=True):
         assert after[0] > before[0] + 0.1  # top-1 accuracy of every head rises clearly
         assert sum(after) <= 1.0 + 1e-9  # ranks are exclusive
     assert run.steps == 40 and run.tokens > 40 * 8
@@ -169,7 +169,8 @@ def test_joint_paths_are_counted_where_decoding_meets_them(
     assert sum(everywhere.path_counts[(r,)] for r in range(5)) <= everywhere.joint_positions
     starts = [len(s) // 2 for s in sequences]
     late = evaluate_heads(model, heads, sequences, top_k=5, batch_size=4, starts=starts)
-    assert late.joint_positions == sum(len(s) - 2 - 2 - (start - 1) + 1 for s, start in zip(sequences, starts))
+    assert late.joint_positions == sum(len(s) - 2 - 2 - (start - 1) + 1
+                                       for s, start in zip(sequences, starts, strict=True))
     assert late.accuracy == everywhere.accuracy  # per-head accuracies still use every position
     assert evaluate_heads(model, heads, sequences, top_k=5, starts=[len(s) for s in sequences]).joint_positions == 0
 
@@ -183,7 +184,7 @@ def test_shared_lm_head_heads_train_and_stay_small(
     run = fit_heads(model, sequences, settings, progress=False)
     trained = evaluate_heads(model, run.heads, sequences).accuracy
     assert sum(run.losses[-5:]) < 0.9 * sum(run.losses[:5])
-    assert all(after[0] > before[0] for before, after in zip(untrained, trained))
+    assert all(after[0] > before[0] for before, after in zip(untrained, trained, strict=True))
     hidden = model.config.hidden_size
     assert sum(p.numel() for p in run.heads.parameters()) == 2 * 2 * (hidden * hidden + hidden)
     assert all(not p.requires_grad or p.grad is None for p in model.parameters())

@@ -18,12 +18,22 @@ speculative sampling keeps the base model's distribution.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
+from ..settings import DecodeSettings, Setting
 from ..trace import DraftedTree, DrafterInfo
 from ..tree import Tree, chain_choices
+
+if TYPE_CHECKING:
+    from ..model import LoadedModel
+    from ..registry import RegistryEntry
+
+# A chain longer than this is verified at a cost no guess rate repays.
+MAX_CHAIN = 64
 
 
 @dataclass
@@ -60,10 +70,40 @@ def chain_proposal(tree: Tree, root: int, guesses: list[int], device: torch.devi
     return Proposal(tree.cut(len(guesses)), tokens, guesses=tokens[1:, None])
 
 
-class Drafter(ABC):
-    """Proposes the guesses of each round; told what was written so it can keep in step."""
+@dataclass
+class ModelFiles:
+    """Where a model's files came from: what a drafter reads to find what ships with the model."""
 
-    name: str
+    heads_dir: Path  # the model's heads directory (its own directory when the heads are inside)
+    meta: dict = field(default_factory=dict)  # the heads' config, when heads were loaded
+    registered: RegistryEntry | None = None  # the model's registry entry, for a published model
+    pack_linear: bool = True  # pack the linear layers of what is loaded (see packed_linear.py)
+
+
+class Drafter(ABC):
+    """Proposes the guesses of each round; told what was written so it can keep in step.
+
+    A subclass declares what it is in its class attributes, and registers itself with
+    `drafters.register`: the loop, the trace, bench, the command line and the page read it from
+    there. Adding a drafter is one module (see prompt_lookup.py for the smallest).
+    """
+
+    # ----- what the drafter is: one place for each -----
+    name: ClassVar[str]  # the method's name: `--method NAME`, the trace's `settings.method`
+    label: ClassVar[str]  # its title on the page and in tables: "Prompt lookup"
+    description: ClassVar[str]  # what it is in a few words, for pickers: "prompt lookup (copy earlier text)"
+    in_sentence: ClassVar[str] = ""  # its name inside a sentence ("the draft model"); the label where empty
+    who_guessed: ClassVar[str] = ""  # the source of accepted tokens ("copies"); in_sentence where empty
+    guess_name: ClassVar[str] = "guess"  # what its d-th guess is called: "head" (head 2), "copy" (copy 2)
+    colour: ClassVar[str] = "#6B7280"  # its lane's colour on every figure
+    settings: ClassVar[tuple[Setting, ...]] = ()  # the settings it owns, with defaults and limits
+    takes_tree: ClassVar[bool] = False  # whether the run's `tree` setting chooses its tree (Medusa's)
+    # `--NAME SOURCE` on the command line: where what it drafts with comes from (empty: no such flag).
+    source_help: ClassVar[str] = ""
+    # transformers' own decoder doing the same, for bench's comparison (empty: none).
+    library_name: ClassVar[str] = ""
+
+    # ----- what one run of it is -----
     # The largest tree the drafter proposes; a round may verify a prefix of it (fewer levels).
     # None for a drafter that grows a new tree each round (EAGLE-2).
     tree: Tree | None
@@ -92,3 +132,44 @@ class Drafter(ABC):
     @abstractmethod
     def info(self) -> DrafterInfo:
         """What the drafter is and what it costs in memory, for the trace."""
+
+    # ----- what it needs from a model, and how it is made for a run -----
+    @classmethod
+    def available(cls, lm: LoadedModel) -> bool:
+        """Whether `lm` has what this drafter drafts with."""
+        return True
+
+    @classmethod
+    def missing(cls, lm: LoadedModel) -> str:
+        """Why `lm` cannot run this drafter, and how to give it what it needs."""
+        return f"{lm.name} cannot run the {cls.name} drafter"
+
+    @classmethod
+    def shipped(cls, files: ModelFiles) -> str | Path | None:
+        """What this drafter drafts with, as shipped or registered with the model (None: nothing)."""
+        return None
+
+    @classmethod  # noqa: B027 - most drafters load nothing
+    def load(cls, lm: LoadedModel, source: str | Path, files: ModelFiles) -> None:
+        """Load what it drafts with from `source` onto `lm` (`load_model` calls it)."""
+
+    @classmethod
+    @abstractmethod
+    def create(cls, lm: LoadedModel, settings: DecodeSettings) -> Drafter:
+        """The drafter for one run on `lm`, with its options in `settings` checked and filled."""
+
+    def recorded_options(self, settings: DecodeSettings) -> dict[str, int | float | None]:
+        """Its options as the run's trace records them: each one's value, unset ones resolved
+        where the run resolved them."""
+        return {s.name: settings.options.get(s.name, s.default) for s in self.settings}
+
+    @classmethod
+    def shape(cls, settings: DecodeSettings) -> str:
+        """Its tree or chain in a few words, from its settings ("4 tokens a round")."""
+        return ""
+
+    @classmethod
+    def library_options(cls, lm: LoadedModel, settings: DecodeSettings) -> dict | None:
+        """The keywords that make transformers' `generate` do the same (see bench.py), or None."""
+        return None
+

@@ -18,14 +18,25 @@ the loop's acceptance keep the base model's distribution exactly (see acceptance
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
+from ..errors import DecodingError
 from ..kv_cache import new_cache
 from ..model import LoadedModel
+from ..model_files import context_length, load_causal_lm, local_or_hub
+from ..packed_linear import pack_linear_layers
 from ..passes import run_model
+from ..settings import DecodeSettings, Setting
 from ..trace import DrafterInfo
 from ..tree import Tree
-from .base import Drafter, Proposal, chain_tree, root_only
+from .base import MAX_CHAIN, Drafter, ModelFiles, Proposal, chain_tree, root_only
+from .registry import register
+
+NAME = "draft-model"
+DRAFT_DIR = "draft"  # a model directory's draft model
+DRAFT_KEY = "draft_model"  # or the heads config names one, relative to the heads directory
 
 
 def draft_tree(length: int, top_k: int) -> Tree:
@@ -36,8 +47,64 @@ def draft_tree(length: int, top_k: int) -> Tree:
     return Tree.from_choices(choices, length, name=f"chain-{length}-top-{top_k}")
 
 
+@register
 class DraftModelDrafter(Drafter):
-    name = "draft-model"
+    name = NAME
+    label = "Draft model"
+    description = "draft model (a second, smaller model)"
+    in_sentence = who_guessed = "the draft model"
+    guess_name = "draft"
+    colour = "#C2410C"
+    settings = (Setting("draft_tokens", 4, 1, MAX_CHAIN, "tokens the draft model writes ahead each round",
+                        label="Draft length (tokens the draft model writes a round)", page_high=10),
+                Setting("draft_top_k", 1, 1, MAX_CHAIN,
+                        "guesses per step; the runners-up join the tree as leaves beside the greedy one"))
+    source_help = ("directory or hub id of a small causal LM over the same tokenizer, for the draft-model "
+                   "drafter (default: the one shipped or registered with the model)")
+    library_name = "assisted generation (assistant_model=, same draft model and length)"
+
+    @classmethod
+    def available(cls, lm: LoadedModel) -> bool:
+        return lm.draft is not None
+
+    @classmethod
+    def missing(cls, lm: LoadedModel) -> str:
+        return (f"{lm.name} has no draft model: pass --draft-model with a small causal LM that "
+                "shares its tokenizer (a directory or hub id)")
+
+    @classmethod
+    def shipped(cls, files: ModelFiles) -> str | Path | None:
+        """`draft/` beside the heads, the one the heads config names, or the registry's."""
+        if (files.heads_dir / DRAFT_DIR).is_dir():
+            return files.heads_dir / DRAFT_DIR
+        if files.meta.get(DRAFT_KEY):
+            return (files.heads_dir / files.meta[DRAFT_KEY]).resolve()
+        return files.registered.draft if files.registered else None
+
+    @classmethod
+    def load(cls, lm: LoadedModel, source: str | Path, files: ModelFiles) -> None:
+        lm.draft = load_draft_model(lm, source, files.pack_linear)
+
+    @classmethod
+    def create(cls, lm: LoadedModel, settings: DecodeSettings) -> DraftModelDrafter:
+        return cls(lm.draft, settings.draft_tokens, settings.draft_top_k)
+
+    @classmethod
+    def shape(cls, settings: DecodeSettings) -> str:
+        return f"{settings.draft_tokens} tokens a round"
+
+    @classmethod
+    def library_options(cls, lm: LoadedModel, settings: DecodeSettings) -> dict | None:
+        """The same draft length as ours, held constant: the library's default grows and shrinks
+        it, and stops drafting where the draft model is unsure, so the two would differ in more
+        than their implementation. The library reads those settings from the *assistant's*
+        generation config. A draft tree (top-k above 1) it does not have."""
+        if settings.draft_top_k != 1:
+            return None
+        return {"assistant_model": lm.draft.model,
+                "assistant": {"num_assistant_tokens": settings.draft_tokens,
+                              "num_assistant_tokens_schedule": "constant",
+                              "assistant_confidence_threshold": 0.0}}
 
     def __init__(self, draft: LoadedModel, length: int, top_k: int = 1) -> None:
         self.draft, self.length, self.top_k = draft, length, top_k
@@ -95,3 +162,22 @@ class DraftModelDrafter(Drafter):
                            + (f", top {self.top_k} each" if self.top_k > 1 else ""),
                            sum(p.numel() for p in parameters),
                            sum(p.numel() * p.element_size() for p in parameters), cache_bytes)
+
+
+def load_draft_model(base: LoadedModel, source: str | Path, pack_linear: bool = True) -> LoadedModel:
+    """A small causal LM that drafts for `base`: a directory or hub id. It must share the base's
+    tokenizer; it is used with that tokenizer, on the base's device and dtype."""
+    path = local_or_hub(source, "draft model")
+    model = load_causal_lm(path, base.device, base.dtype)
+    draft_vocab, base_vocab = model.config.get_text_config().vocab_size, base.model.config.get_text_config().vocab_size
+    if draft_vocab != base_vocab:
+        raise DecodingError(
+            f"draft model {source!s} has a vocabulary of {draft_vocab} tokens but {base.name} has "
+            f"{base_vocab}: a draft model must share the base model's tokenizer")
+    if pack_linear:
+        pack_linear_layers(model)
+    return LoadedModel(
+        name=f"{base.name} draft" if path.name == DRAFT_DIR else str(source), model=model,
+        tokenizer=base.tokenizer, heads=None, device=base.device, dtype=base.dtype,
+        context_length=context_length(model.config), trees={}, default_tree="",
+        eos_token_ids=base.eos_token_ids)

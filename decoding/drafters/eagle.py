@@ -22,25 +22,50 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import torch
 
 from ..cost_curve import model_cost_curve
 from ..dynamic_tree import DYNAMIC_TREE, DraftTree, drafted_trace, rerank, verified_tree
+from ..eagle import EAGLE_CONFIG, EAGLE_DIR, EagleHead, find_eagle
+from ..errors import DecodingError
 from ..kv_cache import new_cache
 from ..model import LoadedModel
+from ..model_files import local_or_hub
+from ..packed_linear import pack_linear_layers
 from ..passes import additive_mask
-from ..settings import MAX_EAGLE_NODES
+from ..settings import DecodeSettings, Setting
 from ..trace import DrafterInfo
 from ..tree import Tree
-from .base import Drafter, Proposal
+from .base import Drafter, ModelFiles, Proposal
+from .registry import register
+
+NAME = "eagle"
+# The tree: at most this many nodes a round (the root aside), as the published trees have.
+MAX_NODES = 63
 
 # How much a new measurement of the drafting time moves the running estimate the rerank uses.
 DRAFT_COST_SMOOTHING = 0.3
 
 
+@register
 class EagleDrafter(Drafter):
-    name = "eagle"
+    name = NAME
+    label = in_sentence = who_guessed = "EAGLE"
+    description = "EAGLE (one draft layer over the model's features)"
+    guess_name = "step"
+    colour = "#BE185D"
+    settings = (
+        Setting("eagle_depth", 6, 1, 16, "levels the draft tree grows to (EAGLE-2's default)",
+                label="EAGLE: depth"),
+        Setting("eagle_top_k", 8, 1, 16, "nodes expanded per level, and guesses per expanded node",
+                label="EAGLE: top-k"),
+        Setting("eagle_nodes", None, 1, MAX_NODES, "guesses verified per round",
+                unset="as many as this machine's cost curve says pay", label="EAGLE: guesses verified"),
+    )
+    source_help = ("directory or hub id of an EAGLE draft head (the project's layout or a published "
+                   "EAGLE-1 checkpoint), for the eagle drafter (default: the one shipped or registered)")
     tree: Tree | None = None  # a new tree each round
 
     def __init__(self, lm: LoadedModel, depth: int, top_k: int, max_nodes: int, fixed_size: bool) -> None:
@@ -146,7 +171,7 @@ class EagleDrafter(Drafter):
         a level costs to draft here. With a fixed tree size every level is drafted."""
         if self.curve is None:
             return True
-        best = max(c for c, d in zip(draft.log_confidences, draft.depths) if d == level)
+        best = max(c for c, d in zip(draft.log_confidences, draft.depths, strict=True) if d == level)
         return math.exp(best) > self.level_cost
 
     # ----- the drafter's round -----
@@ -184,7 +209,55 @@ class EagleDrafter(Drafter):
                            sum(p.numel() * p.element_size() for p in parameters), cache_bytes)
 
 
-def eagle_drafter(lm: LoadedModel, depth: int, top_k: int, nodes: int | None) -> EagleDrafter:
-    """The EAGLE drafter for `lm`: `nodes` guesses a round, or (None) as many as pay here."""
-    return EagleDrafter(lm, depth, top_k, max_nodes=nodes or MAX_EAGLE_NODES, fixed_size=nodes is not None)
+    # ----- what it needs, and where that comes from -----
+    @classmethod
+    def available(cls, lm: LoadedModel) -> bool:
+        return lm.eagle is not None
+
+    @classmethod
+    def missing(cls, lm: LoadedModel) -> str:
+        return (f"{lm.name} has no EAGLE draft head: train one with `python -m decoding train-eagle`, "
+                "or pass --eagle with a directory or hub id of a published EAGLE checkpoint for this model")
+
+    @classmethod
+    def shipped(cls, files: ModelFiles) -> str | Path | None:
+        """`eagle/` beside the heads, else the registry's."""
+        if (files.heads_dir / EAGLE_DIR).is_dir():
+            return files.heads_dir / EAGLE_DIR
+        return files.registered.eagle if files.registered else None
+
+    @classmethod
+    def load(cls, lm: LoadedModel, source: str | Path, files: ModelFiles) -> None:
+        lm.eagle, meta = load_eagle_head(lm, source)
+        if files.pack_linear:
+            pack_linear_layers(lm.eagle)
+        lm.eagle_accuracy = _accuracy(meta)
+
+    @classmethod
+    def create(cls, lm: LoadedModel, settings: DecodeSettings) -> EagleDrafter:
+        """`eagle_nodes` guesses a round, or (None) as many as pay here."""
+        nodes = settings.eagle_nodes
+        return cls(lm, settings.eagle_depth, settings.eagle_top_k, max_nodes=nodes or MAX_NODES,
+                   fixed_size=nodes is not None)
+
+    @classmethod
+    def shape(cls, settings: DecodeSettings) -> str:
+        return f"dynamic tree, {settings.eagle_depth} deep"
+
+
+def load_eagle_head(lm: LoadedModel, source: str | Path) -> tuple[EagleHead, dict]:
+    """An EAGLE draft head for `lm` from a directory or hub id, in either layout (see eagle.py)."""
+    path = local_or_hub(source, "EAGLE head")
+    head, meta = find_eagle(path, lm.model)
+    if head is None:
+        raise DecodingError(f"no EAGLE head in {path}: expected {EAGLE_CONFIG} or a published checkpoint")
+    return head.to(device=lm.device, dtype=lm.dtype).eval().requires_grad_(False), meta
+
+
+def _accuracy(meta: dict) -> list[float] | None:
+    """EAGLE's measured acceptance per depth, if saved and well formed."""
+    rates = meta.get("accuracy")
+    if isinstance(rates, list) and rates and all(isinstance(a, int | float) and 0 <= a <= 1 for a in rates):
+        return [float(a) for a in rates]
+    return None
 

@@ -14,33 +14,42 @@ from ..errors import DecodingError
 from ..features import FINAL_STATE
 from ..model import LoadedModel
 from ..passes import draft
-from ..settings import DecodeSettings
+from ..settings import DecodeSettings, Setting
 from ..trace import DrafterInfo
 from ..tree import Tree
 from ..tree_choice import AUTO_TREE, choose_tree
 from .base import Drafter, Proposal, root_only
+from .registry import register
+
+# More heads than any published checkpoint has; a model's own count is checked when it runs.
+MAX_HEADS = 16
 
 
 def resolve_tree(lm: LoadedModel, settings: DecodeSettings) -> Tree:
     """The tree to verify each round: a preset or shipped tree by name, or a custom choices list."""
     if lm.heads is None:
-        raise DecodingError(f"{lm.name} was loaded without Medusa heads: only plain decoding (method ar) can run")
-    num_heads = settings.num_heads or lm.num_heads
+        raise DecodingError(MedusaHeadsDrafter.missing(lm))
+    num_heads = settings.options.get("num_heads") or lm.num_heads
     if num_heads > lm.num_heads:
         raise DecodingError(f"{lm.name} has {lm.num_heads} heads; cannot use {num_heads}")
     spec = lm.default_tree if settings.tree == "default" else settings.tree
     if spec == AUTO_TREE:
         return auto_tree(lm, num_heads)
     if isinstance(spec, str):
-        if spec not in lm.trees:
-            raise DecodingError(f"unknown tree {spec!r}; known trees: {', '.join(lm.trees)}")
-        tree = Tree.pruned(lm.trees[spec], num_heads, spec)
+        tree = Tree.pruned(named_tree(lm, spec), num_heads, spec)
     else:
         tree = Tree.from_choices(spec, num_heads)
     vocab = lm.heads.guess_vocab_size
     if tree.top_k > vocab:
         raise DecodingError(f"the tree reads rank {tree.top_k - 1} but the vocabulary has {vocab} tokens")
     return tree
+
+
+def named_tree(lm: LoadedModel, name: str) -> list[list[int]]:
+    """The choices of one of the model's trees (a preset, or one shipped with its heads), by name."""
+    if name not in lm.trees:
+        raise DecodingError(f"unknown tree {name!r}; known trees: {', '.join(lm.trees)}")
+    return lm.trees[name]
 
 
 def auto_tree(lm: LoadedModel, num_heads: int) -> Tree:
@@ -67,9 +76,37 @@ def adopt_auto_tree(lm: LoadedModel) -> str:
     return tree.name
 
 
+@register
 class MedusaHeadsDrafter(Drafter):
     name = "medusa"
+    label = in_sentence = "Medusa"
+    description = "Medusa heads"
+    who_guessed = "heads"
+    guess_name = "head"
+    colour = "#4F46E5"
+    settings = (Setting("num_heads", None, 1, MAX_HEADS, "use only the first n heads (cuts the tree to depth n)",
+                        unset="all the model's heads", label="Heads to use"),)
+    takes_tree = True
     hidden_layers = FINAL_STATE
+
+    @classmethod
+    def available(cls, lm: LoadedModel) -> bool:
+        return lm.heads is not None
+
+    @classmethod
+    def missing(cls, lm: LoadedModel) -> str:
+        return f"{lm.name} was loaded without Medusa heads: only plain decoding (method ar) can run"
+
+    @classmethod
+    def create(cls, lm: LoadedModel, settings: DecodeSettings) -> MedusaHeadsDrafter:
+        return cls(lm, resolve_tree(lm, settings))
+
+    @classmethod
+    def shape(cls, settings: DecodeSettings) -> str:
+        return f"tree {settings.tree}"
+
+    def recorded_options(self, settings: DecodeSettings) -> dict[str, int | float | None]:
+        return {"num_heads": settings.options.get("num_heads") or self.lm.num_heads}
 
     def __init__(self, lm: LoadedModel, tree: Tree) -> None:
         self.lm, self.tree = lm, tree

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import torch
 
+from ..model import LoadedModel
+from ..settings import DecodeSettings, Setting
 from ..trace import DrafterInfo
-from .base import Drafter, Proposal, chain_proposal, chain_tree, root_only
+from .base import MAX_CHAIN, Drafter, Proposal, chain_proposal, chain_tree, root_only
+from .registry import register
 
+NAME = "prompt-lookup"
 
 def find_continuation(sequence: list[int], max_ngram: int, length: int,
                       stop_ids: frozenset[int] = frozenset()) -> tuple[list[int], int | None]:
@@ -33,8 +37,33 @@ def find_continuation(sequence: list[int], max_ngram: int, length: int,
     return [], None
 
 
+@register
 class PromptLookupDrafter(Drafter):
-    name = "prompt-lookup"
+    name = NAME
+    label = "Prompt lookup"
+    description = "prompt lookup (copy earlier text)"
+    in_sentence = "prompt lookup"
+    who_guessed = "copies"
+    guess_name = "copy"
+    colour = "#0891B2"
+    # transformers' defaults for both
+    settings = (Setting("lookup_tokens", 10, 1, MAX_CHAIN, "tokens copied at most each round",
+                        label="Lookup length (most tokens copied a round)", page_high=20),
+                Setting("lookup_ngram", 2, 1, MAX_CHAIN, "the longest n-gram matched against the text so far"))
+    library_name = "prompt lookup decoding (prompt_lookup_num_tokens=, same lengths)"
+
+    @classmethod
+    def create(cls, lm: LoadedModel, settings: DecodeSettings) -> PromptLookupDrafter:
+        return cls(lm.device, settings.lookup_tokens, settings.lookup_ngram, lm.eos_token_ids)
+
+    @classmethod
+    def shape(cls, settings: DecodeSettings) -> str:
+        return f"copies up to {settings.lookup_tokens} tokens"
+
+    @classmethod
+    def library_options(cls, lm: LoadedModel, settings: DecodeSettings) -> dict | None:
+        return {"generation": {"prompt_lookup_num_tokens": settings.lookup_tokens,
+                               "max_matching_ngram_size": settings.lookup_ngram}}
 
     def __init__(self, device: torch.device, length: int, max_ngram: int,
                  stop_ids: frozenset[int] = frozenset()) -> None:

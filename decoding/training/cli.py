@@ -10,15 +10,13 @@ settings' field names, and `settings_from` turns parsed flags into settings.
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from collections.abc import Callable
-from dataclasses import fields
 from pathlib import Path
-from typing import TypeVar
 
 from ..errors import DecodingError
 from . import eagle_run, record_run, recorded_run
+from .commands import command_line, settings_from
 from .corpus import CORPUS_HELP, TRAIN_CORPUS_HELP, write_corpus
 from .data import DataSettings
 from .fit import FitSettings
@@ -27,39 +25,8 @@ from .train_base import BaseTrainingSettings, train_base
 from .train_heads import SAVE_DTYPE, HeadsJob, train_heads
 from .trees import TREE_FAMILIES, TreeSettings
 
-# Namespace entries the command dispatcher adds that are not flags.
-NOT_FLAGS = ("func", "command")
-# Flags that are on unless negated (argparse.BooleanOptionalAction): written `--no-X` when off.
-NEGATABLE = ("bf16", "sampled", "reads_root")
 THREADS_HELP = ("torch CPU threads (default: torch's choice). On a CPU another job keeps busy, use fewer "
                 "threads than cores: contention made generation 13x slower here")
-S = TypeVar("S")
-
-
-def command_line(command: str, args: argparse.Namespace) -> str:
-    """The reproducible command for these arguments, every flag spelled out."""
-    parts = ["python", "-m", "decoding", command]
-    for key, value in vars(args).items():
-        if key in NOT_FLAGS or value is None:
-            continue
-        flag = "--" + key.replace("_", "-")
-        if isinstance(value, bool):
-            if value:
-                parts.append(flag)
-            elif key in NEGATABLE:
-                parts.append("--no-" + key.replace("_", "-"))
-        elif isinstance(value, list):
-            if value:
-                parts += [flag, *map(str, value)]
-        else:
-            parts += [flag, str(value)]
-    return shlex.join(parts)
-
-
-def settings_from(cls: type[S], args: argparse.Namespace) -> S:
-    """Settings of type `cls` from the parsed flags that share its field names."""
-    given = vars(args)
-    return cls(**{f.name: given[f.name] for f in fields(cls) if f.name in given})
 
 
 # ----- train-heads ------------------------------------------------------------------------------

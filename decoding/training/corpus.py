@@ -231,7 +231,7 @@ def record_folders(source: str) -> list[Path] | None:
     if not any(is_records):
         return None
     if not all(is_records):
-        others = [str(p) for p, r in zip(paths, is_records) if not r]
+        others = [str(p) for p, r in zip(paths, is_records, strict=True) if not r]
         raise DecodingError(f"--corpus {source}: {', '.join(others)} holds no recorded answers ({RECORD_SHARDS})")
     return paths
 

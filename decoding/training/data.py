@@ -170,7 +170,7 @@ def self_distill(
             ):
                 generated = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device))
             continuations = generated[:, ids.shape[1] :].tolist()
-            out.sequences.extend(p + cut_at_stop(c, stop_ids) for p, c in zip(batch, continuations))
+            out.sequences.extend(p + cut_at_stop(c, stop_ids) for p, c in zip(batch, continuations, strict=True))
             out.starts.extend(len(p) for p in batch)
             bar.update(len(batch))
     bar.close()
@@ -196,7 +196,7 @@ def _distilled_data(chunks: list[list[int]], settings: DataSettings, model: PreT
     train = self_distill(model, tokenizer, train_prompts, settings)
     heldout = self_distill(model, tokenizer, heldout_prompts, settings)
     seconds = time.perf_counter() - started
-    generated = sum(len(s) - start for d in (train, heldout) for s, start in zip(d.sequences, d.starts))
+    generated = sum(len(s) - start for d in (train, heldout) for s, start in zip(d.sequences, d.starts, strict=True))
     source = {
         "kind": "self-distill",
         "prompts": len(prompts),

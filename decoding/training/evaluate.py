@@ -111,8 +111,8 @@ def evaluate_heads(
             rows = torch.stack(joint_ranks, dim=1).tolist()
             path_counts.update(count_paths(rows, top_k))
             joint_positions += len(rows)
-    head_losses = [s / c if c else float("nan") for s, c in zip(loss_sums, counts)]
-    accuracy = [[h / c if c else 0.0 for h in row] for row, c in zip(rank_hits.tolist(), counts)]
+    head_losses = [s / c if c else float("nan") for s, c in zip(loss_sums, counts, strict=True)]
+    accuracy = [[h / c if c else 0.0 for h in row] for row, c in zip(rank_hits.tolist(), counts, strict=True)]
     loss = sum(loss_decay**i * h for i, h in enumerate(head_losses))
     return HeadsEvaluation(accuracy=accuracy, positions=counts, path_counts=path_counts,
                            joint_positions=joint_positions, loss=loss, head_losses=head_losses)

@@ -241,6 +241,6 @@ def evaluate_recorded_heads(heads: MedusaHeads, lm_head: nn.Linear, embedding: n
         joint = data.remaining[rows] >= k_max
         path_counts.update(count_paths(ranks[joint].tolist(), top_k))
         joint_positions += int(joint.sum())
-    accuracy = [[h / c if c else 0.0 for h in row] for row, c in zip(hits.tolist(), counts)]
+    accuracy = [[h / c if c else 0.0 for h in row] for row, c in zip(hits.tolist(), counts, strict=True)]
     return RecordedEvaluation(accuracy, counts, path_counts, joint_positions,
                               coverage(data.tokens, heads.draft_vocab))

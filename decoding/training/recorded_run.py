@@ -1,7 +1,7 @@
 """The command line of `train-heads --recorded`: Medusa heads for a chat model from a recording.
 
     python -m decoding record --model smollm2
-    python -m decoding train-heads --model smollm2 --recorded ~/.cache/medusa-playground/recordings/smollm2-chat \\
+    python -m decoding train-heads --model smollm2 --recorded assets/recordings/smollm2-chat \\
         --out heads/
 
 `record` (record_run.py) writes shards of the model's own greedy answers with the states and top
