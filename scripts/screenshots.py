@@ -252,11 +252,7 @@ def photograph_phone(page, url: str, folder: Path, prompt: str | None) -> list[P
     run_prompt(page, prompt)
     page.locator("#tree-plot").scroll_into_view_if_needed()
     page.wait_for_timeout(800)
-    shots.append(shoot(page, folder / "09-phone-tree.png", full_page=False))
-    open_tab(page, "Learn")  # the cost curve's title and the tables, on a phone's width
-    shots.append(shoot(page, folder / "10-phone-learn.png"))
-    walk_to_step(page, 7)
-    return shots + [shoot(page, folder / "10-phone-learn-7.png")]
+    return shots + [shoot(page, folder / "09-phone-tree.png", full_page=False)]
 
 
 def main() -> None:
