@@ -140,12 +140,11 @@ def build_demo() -> gr.Blocks:
                         run_btn = gr.Button("Run", variant="primary", elem_id="run-button", size="md")
                         race_btn = gr.Button("Race vs plain", elem_id="race-button", size="md")
                 waiting_md = gr.Markdown("", elem_id="waiting")
-        with gr.Row(elem_id="model-row"):
-            model_md = gr.Markdown(model_card(model), elem_id="model-card")
-            code = next(((p, m) for p, m in examples if m == CODE_MODEL), None)
-            try_code = gr.Button(f"Where Medusa's gain is clear on a CPU: the code model ({CODE_MODEL}) →",
-                                 size="sm", scale=0, min_width=260, elem_id="try-code",
-                                 visible=code is not None and default != CODE_MODEL)
+        # The card, then the button under it: side by side, a phone squeezed the card to a word a line.
+        model_md = gr.Markdown(model_card(model), elem_id="model-card")
+        code = next(((p, m) for p, m in examples if m == CODE_MODEL), None)
+        try_code = gr.Button(f"Where Medusa's gain is clear on a CPU: the code model ({CODE_MODEL}) →",
+                             size="sm", elem_id="try-code", visible=code is not None and default != CODE_MODEL)
 
         with gr.Tabs(elem_id="results") as tabs:
             with gr.Tab("Playground", id="playground"):
