@@ -60,35 +60,47 @@ class EagleConfig:
     feature_layers: list[int] | None = None
 
 
-def decoder_parts(base: PreTrainedModel) -> tuple[type[nn.Module], nn.Module]:
-    """The base model's decoder layer class and its rotary embedding module, or a DecodingError.
+# What model code calls the cache argument of a decoder layer: transformers 5's name, then older ones.
+LAYER_CACHE_ARGUMENTS = ("cache", "past_key_values", "past_key_value", "layer_past")
+# The draft layer attends to all it has read: a full-attention layer, whatever the base's mix.
+DRAFT_LAYER_TYPE = "full_attention"
+
+
+def decoder_parts(base: PreTrainedModel) -> tuple[type[nn.Module], nn.Module, str]:
+    """The base model's decoder layer class, its rotary embedding module and the name its layers
+    give the cache argument, or a DecodingError.
 
     The draft layer is built from the base's own layer class, which must take rotary position
-    embeddings from outside (Llama, Qwen2, Mistral, Gemma, ...): GPT-2's blocks add learned
-    positions to the input instead, and an EAGLE layer for them is not built here.
+    embeddings from outside (Llama, Qwen2, Mistral, Gemma, GPT-NeoX, ...): GPT-2's blocks add
+    learned positions to the input instead, and an EAGLE layer for them is not built here.
     """
     decoder = base.get_decoder()
     layers, rotary = getattr(decoder, "layers", None), getattr(decoder, "rotary_emb", None)
     layer_class = type(layers[0]) if layers else None
-    if layer_class is None or rotary is None or \
-            "position_embeddings" not in inspect.signature(layer_class.forward).parameters:
+    parameters = inspect.signature(layer_class.forward).parameters if layer_class else {}
+    cache_argument = next((name for name in LAYER_CACHE_ARGUMENTS if name in parameters), None)
+    if layer_class is None or rotary is None or "position_embeddings" not in parameters or cache_argument is None:
         raise DecodingError(
             f"EAGLE builds its draft layer from the base model's own decoder layer with rotary "
             f"positions; {base.config.model_type}'s layers are not of that kind, so it has no EAGLE drafter here")
-    return layer_class, rotary
+    return layer_class, rotary, cache_argument
 
 
 def layer_config(base_config: PreTrainedConfig) -> PreTrainedConfig:
     """The base's text config for a one-layer draft: layer 0 of this config is the draft layer.
 
-    Its attention is the library's SDPA (eager where scores are soft-capped): the draft's output
-    is only ever a guess, checked by the base model, so it need not match a step's arithmetic.
+    It is a full-attention layer with no sliding window, whatever the base's layers are (a
+    window would make its cache drop rows the tree mask still counts). Its attention is the
+    library's SDPA (eager where scores are soft-capped): the draft's output is only ever a
+    guess, checked by the base model, so it need not match a step's arithmetic.
     """
     config = copy.deepcopy(base_config.get_text_config(decoder=True))
     config.num_hidden_layers = 1
     if getattr(config, "layer_types", None):
-        config.layer_types = ["full_attention"]
+        config.layer_types = [DRAFT_LAYER_TYPE]
     config.use_sliding_window = False
+    if hasattr(config, "sliding_window"):
+        config.sliding_window = None
     config._attn_implementation = "eager" if getattr(config, "attn_logit_softcapping", None) else "sdpa"
     return config
 
@@ -105,7 +117,7 @@ class EagleHead(nn.Module):
                 f"{config.vocab_size} tokens, but {text.model_type} has {text.hidden_size} and "
                 f"{text.vocab_size}: it belongs to another base model")
         self.config = config
-        layer_class, rotary = decoder_parts(base)
+        layer_class, rotary, self.cache_argument = decoder_parts(base)
         self.layer_config = layer_config(base.config)
         self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=config.fc_bias)
         layers = config.feature_layers
@@ -114,6 +126,9 @@ class EagleHead(nn.Module):
         if not config.input_norm:
             self.layer.input_layernorm = nn.Identity()
         self.rotary = type(rotary)(config=self.layer_config)
+        # Models whose rotary depends on the layer type (Gemma 3, OLMo 3) are asked for the draft's.
+        self.rotary_layer_type = ({"layer_type": DRAFT_LAYER_TYPE}
+                                  if "layer_type" in inspect.signature(self.rotary.forward).parameters else {})
         self.draft_vocab: torch.Tensor | None
         if config.draft_vocab_size:
             self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size))
@@ -146,8 +161,9 @@ class EagleHead(nn.Module):
         one layer) gains a row per input; `attention_mask` (B, 1, T, past + T) is additive.
         """
         x = self.fc(torch.cat([token_embeddings, features], dim=-1))
-        return self.layer(x, attention_mask=attention_mask, position_ids=positions, cache=cache,
-                          use_cache=cache is not None, position_embeddings=self.rotary(x, positions))
+        rotary = self.rotary(x, positions, **self.rotary_layer_type)
+        return self.layer(x, attention_mask=attention_mask, position_ids=positions, **{self.cache_argument: cache},
+                          use_cache=cache is not None, position_embeddings=rotary)
 
     def token_ids(self, guesses: torch.Tensor) -> torch.Tensor:
         """Map indices into the draft vocabulary to token ids."""

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     GPT2Config,
     LlamaConfig,
@@ -44,6 +45,12 @@ def tiny_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
 
 
+# Families whose decoder layers differ from Llama's in ways a draft layer must follow: rotary by
+# layer type (gemma3_text, olmo3), partial rotary and an older cache argument (gpt_neox), sliding
+# windows (mistral, starcoder2, and the mixes of gemma3_text and olmo3).
+OTHER_ARCHITECTURES = ("gemma3_text", "olmo3", "gpt_neox", "mistral", "starcoder2")
+
+
 def tiny_config(arch: str, vocab_size: int, hidden: int = 64, layers: int = 2):
     common = dict(vocab_size=vocab_size, eos_token_id=0, bos_token_id=0, pad_token_id=0)
     if arch == "llama":
@@ -56,6 +63,14 @@ def tiny_config(arch: str, vocab_size: int, hidden: int = 64, layers: int = 2):
                            max_position_embeddings=512, **common)
     if arch == "gpt2":
         return GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=512, **common)
+    if arch in OTHER_ARCHITECTURES:
+        # Any other model type the library knows, at the same tiny size; a short sliding window
+        # where the family has one, so that a 40-token run crosses it (only there: the library's
+        # cache would apply a window to any config that names one, unlike the model's own masks).
+        window = {} if arch == "gpt_neox" else {"sliding_window": 16}
+        return AutoConfig.for_model(arch, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
+                                    max_position_embeddings=512, **window, **common)
     raise ValueError(f"unknown tiny architecture {arch!r}")
 
 

@@ -19,7 +19,7 @@ from decoding import DecodeSettings, generate
 from decoding.cli import main
 from decoding.heads import HeadsConfig, MedusaHeads
 from decoding.tiny import tiny_model
-from decoding.training.distill import Answers, greedy_answers
+from decoding.training.answers import Answers, answers_from, load_answers
 from decoding.training.recorded import (
     RecordedData,
     RecordedTrainingSettings,
@@ -29,6 +29,8 @@ from decoding.training.recorded import (
     fit_recorded_heads,
     new_recorded_heads,
 )
+from decoding.training.recorder import Recorded
+from decoding.training.recording import save_shard
 from tests.test_lossless import prompts, reference_greedy, trees, with_heads
 
 NEW_TOKENS = 40
@@ -81,21 +83,6 @@ def test_choose_draft_vocab_ranks_by_frequency():
     vocab = choose_draft_vocab(tokens, 3, vocab_size=12)
     assert vocab.tolist() == [2, 4, 1]  # 4 times, 3 times, twice; 9 (once) is left out
     assert abs(coverage(tokens, vocab) - 0.9) < 1e-6
-
-
-def test_greedy_answers_record_what_chose_each_token():
-    model = tiny_model("llama", vocab_size=64, seed=3, hidden=32, layers=2, init_std=0.5)
-    prompts_ids = [[5, 6, 7], [9, 10, 11, 12, 13]]
-    answers = greedy_answers(model, prompts_ids, max_new_tokens=12, stop_ids=frozenset([0]), pad_id=0)
-    for prompt, answer in zip(prompts_ids, answers.answers, strict=True):
-        reference = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=len(answer),
-                                   eos_token_id=0, pad_token_id=0)[0, len(prompt):].tolist()
-        assert answer == reference
-    assert answers.tokens.tolist() == [t for a in answers.answers for t in a]
-    # The recorded state is the one the lm_head read: its argmax is the token it chose.
-    chosen = (answers.states.float() @ model.get_output_embeddings().weight.T).argmax(-1)
-    assert chosen.tolist() == answers.tokens.tolist()
-    assert answers.teacher_ids[:, 0].tolist() == answers.tokens.tolist()
 
 
 def _cyclic_answers(lm_head: torch.nn.Linear, cycle: list[int], count: int, length: int) -> Answers:
@@ -165,14 +152,41 @@ def test_training_stops_once_an_epoch_brings_no_gain():
     assert epochs == [1, 2, 3] and run.steps == 3 * steps_per_epoch == len(run.losses)
 
 
-def _save_cyclic_shards(folder, lm_head, count: int) -> None:
-    from decoding.training.distill import save_shard
+def _as_recorded(answers: Answers) -> list[Recorded]:
+    """The recorder's view of these answers: one kept layer, the prompt's earlier states zero."""
+    out, row = [], 0
+    for i, (prompt, answer) in enumerate(zip(answers.prompts, answers.answers, strict=True)):
+        rows = slice(row, row + len(answer))
+        states = torch.cat([torch.zeros(len(prompt) - 1, answers.states.shape[1]).half(), answers.states[rows]])
+        out.append(Recorded(i, prompt, answer, states[:, None], answers.teacher_ids[rows],
+                            answers.teacher_logits[rows]))
+        row += len(answer)
+    return out
 
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    """Recordings keep their features in the cache folder: a test's own."""
+    monkeypatch.setenv("MEDUSA_PLAYGROUND_CACHE", str(tmp_path / "cache"))
+
+
+def _save_cyclic_shards(folder, lm_head, count: int) -> None:
     cycle = torch.randperm(64, generator=torch.Generator().manual_seed(1))[:20].tolist()
     for number in range(count):
         answers = _cyclic_answers(lm_head, cycle, count=12, length=16)
         answers.prompts = [[number, i] for i in range(12)]  # a question of its own for every answer
-        save_shard(answers, folder / f"shard-{number:05d}", [""] * 12)
+        save_shard(folder / f"shard-{number:05d}", _as_recorded(answers), layers=(1,))
+
+
+def test_a_recordings_answers_give_the_heads_the_state_that_chose_each_token(tmp_path):
+    lm_head = tiny_model("llama", vocab_size=64, seed=3, hidden=64, layers=1).get_output_embeddings()
+    _save_cyclic_shards(tmp_path, lm_head, count=1)
+    answers = load_answers(tmp_path / "shard-00000")
+    assert answers.tokens.tolist() == [t for a in answers.answers for t in a]
+    # The state kept for answer token i is the one whose logits chose it.
+    assert (answers.states.float() @ lm_head.weight.T).argmax(-1).tolist() == answers.tokens.tolist()
+    assert answers.teacher_ids[:, 0].tolist() == answers.tokens.tolist()
+    assert answers_from(_as_recorded(answers)).states.shape == answers.states.shape
 
 
 def _recorded_base(tmp_path, shards: int) -> None:

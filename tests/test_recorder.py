@@ -12,7 +12,14 @@ from decoding.errors import DecodingError
 from decoding.tiny import tiny_model
 from decoding.training import recording
 from decoding.training.recorder import TOP_K_LOGITS, ContinuousBatcher, feature_layers
-from decoding.training.recording import RecordingSettings, finished_shards, load_shard, record
+from decoding.training.recording import (
+    RecordingSettings,
+    features_folder,
+    finished_shards,
+    load_shard,
+    rebuild_missing_features,
+    record,
+)
 
 STOP = frozenset([5, 7])  # a tiny random model writes one of these now and then: answers end at many lengths
 MAX_NEW = 24
@@ -80,6 +87,12 @@ class _Tokenizer:
     pad_token_id = 0
 
 
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    """Recordings keep their features in the cache folder: a test's own."""
+    monkeypatch.setenv("MEDUSA_PLAYGROUND_CACHE", str(tmp_path / "cache"))
+
+
 def _record(model, out, questions):
     model.generation_config.eos_token_id = sorted(STOP)
     settings = RecordingSettings(max_new_tokens=MAX_NEW, batch_size=4, shard_size=5)
@@ -98,8 +111,8 @@ def test_resume_skips_finished_shards_and_loses_nothing_when_killed(model, tmp_p
     real = recording.save_shard
     saved = []
 
-    def save_then_die(path, answers, layers):
-        real(path, answers, layers)
+    def save_then_die(path, *rest):
+        real(path, *rest)
         saved.append(path)
         if len(saved) == 2:
             raise KeyboardInterrupt  # killed between shards, with answers of others in flight
@@ -110,9 +123,9 @@ def test_resume_skips_finished_shards_and_loses_nothing_when_killed(model, tmp_p
     monkeypatch.setattr(recording, "save_shard", real)
     done = finished_shards(killed)
     assert len(done) == 2
-    stamps = {p: p.with_suffix(".safetensors").stat().st_mtime_ns for p in done}
+    stamps = {p: p.with_suffix(".json").stat().st_mtime_ns for p in done}
     _record(model, killed, TEXTS)
-    assert all(p.with_suffix(".safetensors").stat().st_mtime_ns == t for p, t in stamps.items())
+    assert all(p.with_suffix(".json").stat().st_mtime_ns == t for p, t in stamps.items())
     for a, b in zip(finished_shards(clean), finished_shards(killed), strict=True):
         assert json.loads(a.with_suffix(".json").read_text()) == json.loads(b.with_suffix(".json").read_text())
         for x, y in zip(load_shard(a), load_shard(b), strict=True):
@@ -122,15 +135,62 @@ def test_resume_skips_finished_shards_and_loses_nothing_when_killed(model, tmp_p
 
 
 def test_a_partly_written_shard_is_not_finished(model, tmp_path):
-    _record(model, tmp_path, TEXTS[:5])
-    (shard,) = finished_shards(tmp_path)
-    shard.with_suffix(".json").unlink()  # as if killed between its two files
-    assert finished_shards(tmp_path) == []
-    _record(model, tmp_path, TEXTS[:5])
-    assert len(finished_shards(tmp_path)) == 1
+    answers = tmp_path / "answers"
+    _record(model, answers, TEXTS[:5])
+    (shard,) = finished_shards(answers)
+    shard.with_suffix(".json").unlink()  # as if killed between its features and its answers
+    assert finished_shards(answers) == []
+    _record(model, answers, TEXTS[:5])
+    assert len(finished_shards(answers)) == 1
+
+
+def test_answers_live_apart_from_features_which_are_rebuilt_from_them(model, tmp_path):
+    """A new machine has the answers (token ids, in the repository) but not the features (cache)."""
+    answers = tmp_path / "answers"
+    _record(model, answers, TEXTS[:10])
+    assert not list(answers.glob("*.safetensors"))
+    written = {p: load_shard(p) for p in finished_shards(answers)}
+    for stored in features_folder(answers).glob("*.safetensors"):
+        stored.unlink()
+    with pytest.raises(DecodingError, match="rebuild"):
+        load_shard(next(iter(written)))
+    assert rebuild_missing_features(model, answers) == 2
+    for path, before in written.items():
+        for x, y in zip(before, load_shard(path), strict=True):
+            assert x.answer == y.answer
+            torch.testing.assert_close(x.features.float(), y.features.float(), atol=2e-2, rtol=1e-2)
+            assert torch.equal(x.top_ids[:, 0], y.top_ids[:, 0])
 
 
 def test_a_folder_refuses_another_recordings_settings(model, tmp_path):
     _record(model, tmp_path, TEXTS[:5])
     with pytest.raises(DecodingError, match="other model"):
         record(model, _Tokenizer(), TEXTS[:5], tmp_path, RecordingSettings(MAX_NEW, 4, 5), {"model": "other"})
+
+
+def test_a_recording_trains_a_fused_eagle_head_that_decodes_losslessly(tiny_dirs, tmp_path, capsys):
+    """record -> train-eagle -> the saved EAGLE-3 head loads beside the model and writes plain decoding's text."""
+    from decoding import DecodeSettings, generate, load_model
+    from decoding.cli import main
+
+    folder = tiny_dirs["llama"]
+    base = load_model(folder, device="cpu", dtype="float32", drafters=(), self_test=False)
+    texts = [f"the quick brown fox number {i} jumps over {'the lazy dog ' * (i % 3)}" for i in range(20)]
+    settings = RecordingSettings(max_new_tokens=MAX_NEW, batch_size=6, shard_size=5)
+    record(base.model, _Tokenizer(), texts, tmp_path / "recording", settings, {"model": "tiny"})
+    out = tmp_path / "eagle"
+    assert main(["train-eagle", "--model", str(folder), "--recorded", str(tmp_path / "recording"), "--out", str(out),
+                 "--heldout-shards", "1", "--validation-shards", "1", "--epochs", "2", "--unroll", "2",
+                 "--draft-vocab-size", "64", "--threads", "1", "--compare-eagle", str(folder / "eagle")]) == 0
+    printed = capsys.readouterr().out
+    assert "held out" in printed and "on the same held-out answers" in printed
+    saved = json.loads((out / "eagle_config.json").read_text())
+    assert saved["feature_layers"] == list(feature_layers(2)[:-1])
+    assert saved["training"]["answer_tokens"]["train"] > 0 and len(saved["heldout"]["top1"]) == 6
+    compared = saved["training"]["compared_on_same_heldout"][str(folder / "eagle")]
+    assert compared["positions"] == saved["heldout"]["positions"]
+    lm = load_model(folder, device="cpu", dtype="float32", drafters=("eagle",), sources={"eagle": str(out)})
+    assert lm.eagle.fuse is not None
+    prompt = "It is a truth universally"
+    eagle = generate(lm, prompt, DecodeSettings(method="eagle", max_new_tokens=24, eagle_nodes=8))
+    assert eagle.tokens == generate(lm, prompt, DecodeSettings(method="ar", max_new_tokens=24)).tokens

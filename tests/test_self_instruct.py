@@ -1,4 +1,5 @@
-"""Questions the chat model writes itself (self-instruct), and the saved question list of `self-distill`.
+"""Questions for a recording: those the chat model writes itself (self-instruct), those of the
+package corpora and templates, and the saved list `record` answers.
 
 The shipped prompts (assets/prompts/: the bench and example sets) must stay unseen by training,
 so no question that matches or nearly matches one of them may be kept.
@@ -6,14 +7,9 @@ so no question that matches or nearly matches one of them may be kept.
 
 from __future__ import annotations
 
-import argparse
 import json
-from pathlib import Path
 
-import pytest
-
-from decoding.errors import DecodingError
-from decoding.training import recorded_run
+from decoding.training import questions
 from decoding.training import self_instruct as si
 
 NOUNS = {"animal": ["otter", "heron"], "food": ["bread", "soup"], "artifact": ["kettle"]}
@@ -81,31 +77,39 @@ def test_a_round_that_finds_nothing_new_ends_the_search(monkeypatch):
     assert si.self_instruct_questions(None, None, 50, protected=[], nouns=NOUNS) == ["Why is the sea salty?"]
 
 
-def _distill_args(out: Path, source: str = "templates", count: int = 5, seed: int = 0) -> argparse.Namespace:
-    return argparse.Namespace(out=out, instructions_source=source, instructions=count, seed=seed)
+def _chat(*texts: str) -> dict:
+    return {"c": {"messages": [[{"text": t} for t in texts]]}}
 
 
-def test_self_distill_saves_its_questions_and_a_resumed_run_answers_the_same(monkeypatch, tmp_path):
-    made: list[int] = []
-
-    def build(count, seed):
-        made.append(seed)
-        return [f"Question {seed}-{i}?" for i in range(count)]
-
-    monkeypatch.setattr(recorded_run, "build_instructions", build)
-    first = recorded_run._instructions(_distill_args(tmp_path), None, None)
-    again = recorded_run._instructions(_distill_args(tmp_path), None, None)
-    assert first == again == [f"Question 0-{i}?" for i in range(5)] and made == [0]
-    saved = json.loads((tmp_path / recorded_run.INSTRUCTIONS_FILE).read_text())
-    assert saved == {"source": "templates", "count": 5, "seed": 0, "instructions": first}
-    with pytest.raises(DecodingError, match="other questions"):
-        recorded_run._instructions(_distill_args(tmp_path, seed=1), None, None)
-    with pytest.raises(DecodingError, match="other questions"):
-        recorded_run._instructions(_distill_args(tmp_path, source="self-instruct"), None, None)
+def test_package_questions_keep_whole_questions_of_some_length():
+    dataset = _chat("Hello", "How are you?", "What did you study at university last year?", "I like  it there. "
+                    "Do   you enjoy living in a big city?")
+    assert questions.chitchat_questions(dataset) == [
+        "What did you study at university last year?", "I like it there. Do you enjoy living in a big city?"]
+    documents = [{"conversations": [["What is your favourite book?", "Dune."], ["Hi", "Hello"], [7, "x"]]}, {}]
+    assert questions.chatterbot_openings(documents) == ["What is your favourite book?"]
 
 
-def test_self_distill_asks_the_model_for_self_instruct_questions(monkeypatch, tmp_path):
-    monkeypatch.setattr(recorded_run, "self_instruct_questions",
-                        lambda model, tokenizer, count, seed: [f"Why {seed}-{i}?" for i in range(count)])
-    assert recorded_run._instructions(_distill_args(tmp_path, "self-instruct", 3, 7), "m", "t") == [
-        "Why 7-0?", "Why 7-1?", "Why 7-2?"]
+def test_the_question_list_mixes_its_sources_drops_shipped_prompts_and_repeats(monkeypatch):
+    shipped = questions.shipped_prompts()[0]
+    monkeypatch.setattr(questions, "read_packages", lambda into: {
+        "chitchat": ["Where do you usually go hiking on weekends?", shipped],
+        "chatterbot": ["Where do you usually go hiking on weekends?", "Tell me about your favourite food."]})
+    monkeypatch.setattr(questions, "build_instructions",
+                        lambda count, seed: [f"Explain topic {i}." for i in range(count)])
+    built = questions.build_questions(3, seed=1, written=["Why is the sea salty at all?"])
+    assert sorted((q["source"], q["text"]) for q in built) == [
+        ("chatterbot", "Tell me about your favourite food."),
+        ("chitchat", "Where do you usually go hiking on weekends?"),
+        ("self-instruct", "Why is the sea salty at all?"), ("templates", "Explain topic 0."),
+        ("templates", "Explain topic 1."), ("templates", "Explain topic 2.")]
+    assert built == questions.build_questions(3, seed=1, written=["Why is the sea salty at all?"])  # seeded
+
+
+def test_the_shipped_question_list_is_large_varied_and_unseen():
+    saved = json.loads(questions.QUESTIONS_FILE.read_text())
+    texts = [q["text"] for q in saved["questions"]]
+    assert len(texts) >= 20_000 and len(set(texts)) == len(texts)
+    assert {q["source"] for q in saved["questions"]} >= {"templates", questions.CHITCHAT, questions.CHATTERBOT}
+    protected = {si.normalized(p) for p in si.shipped_prompts()}
+    assert not protected & {si.normalized(t) for t in texts}

@@ -280,7 +280,7 @@ def write_records(folder: Path, shards: int, per_shard: int, seed: int, vocab: i
     return records
 
 
-def test_self_distill_records_are_split_by_prompt(tmp_path: Path) -> None:
+def test_recorded_answers_are_split_by_prompt(tmp_path: Path) -> None:
     first = write_records(tmp_path / "a", shards=2, per_shard=100, seed=0)
     second = write_records(tmp_path / "b", shards=1, per_shard=50, seed=1)
     second[0] = Record(first[3].prompt, [5, 6, 2])  # the same prompt answered again, elsewhere
@@ -293,7 +293,7 @@ def test_self_distill_records_are_split_by_prompt(tmp_path: Path) -> None:
     folders = record_folders(source)
     assert folders == [tmp_path / "a", tmp_path / "b"]
     assert record_folders(str(tmp_path / "notes.txt")) is None and record_folders("austen") is None
-    with pytest.raises(DecodingError, match="no self-distill records"):
+    with pytest.raises(DecodingError, match="no recorded answers"):
         record_folders(f"{tmp_path / 'a'},{tmp_path / 'notes.txt'}")
     with pytest.raises(DecodingError, match="token ids, not text"):
         build_corpus(source)

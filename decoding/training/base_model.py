@@ -14,14 +14,16 @@ def base_directory(name: str) -> str:
     return str(fetched_dir(name)) if name in WHEEL_MODELS else name
 
 
-def load_base(name: str, threads: int | None,
-              batch_size_hint: int = BATCH_SIZE_HINT) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
-    """Tokenizer and frozen float32 model, its linear layers packed for `batch_size_hint` rows."""
+def load_base(name: str, threads: int | None, batch_size_hint: int = BATCH_SIZE_HINT, device: str = "cpu",
+              dtype: torch.dtype | None = None) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
+    """Tokenizer and frozen model: on a CPU in float32, its linear layers packed for
+    `batch_size_hint` rows; on a GPU in bfloat16 (its matrix units' precision) unless `dtype` says."""
     if threads:
         torch.set_num_threads(threads)
     source = base_directory(name)
     tokenizer = AutoTokenizer.from_pretrained(source)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval().requires_grad_(False)
+    dtype = dtype or (torch.float32 if device == "cpu" else torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device).eval().requires_grad_(False)
     # The same packed layers decoding uses on a CPU: the recorded states are the ones it will see.
     pack_linear_layers(model, batch_size_hint)
     return tokenizer, model

@@ -1,4 +1,5 @@
-"""The training commands: `train-heads`, `train-base`, `corpus`, `self-distill` and `train-eagle`.
+"""The training commands: `train-heads`, `train-base`, `corpus`, `questions`, `record`, `record-bench`
+and `train-eagle`.
 
 `decoding/cli.py` lists every command and imports this module only when one of these is named.
 Each flag's default is read from the settings it fills (`DataSettings`, `FitSettings`,
@@ -225,7 +226,6 @@ TRAINING_COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Ca
     "train-heads": (add_train_heads_arguments, run_train_heads),
     "train-base": (add_train_base_arguments, run_train_base),
     "corpus": (add_corpus_arguments, run_corpus),
-    "self-distill": (recorded_run.add_distill_arguments, recorded_run.run_distill),
     "train-eagle": (eagle_run.add_train_eagle_arguments, eagle_run.run_train_eagle),
     "questions": (record_run.add_questions_arguments, record_run.run_questions),
     "record": (record_run.add_record_arguments, record_run.run_record),

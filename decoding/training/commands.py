@@ -12,7 +12,7 @@ from typing import TypeVar
 # Namespace entries the command dispatcher adds that are not flags.
 NOT_FLAGS = ("func", "command")
 # Flags that are on unless negated (argparse.BooleanOptionalAction): written `--no-X` when off.
-NEGATABLE = ("bf16", "sampled", "reads_root")
+NEGATABLE = ("bf16", "sampled", "reads_root", "fused")
 S = TypeVar("S")
 
 

@@ -14,8 +14,8 @@ tokens, at a held-out loss of 4.4).
 The second corpus, ``stdlib``, is code: the running Python's standard library,
 one document per module, with whole modules held out (see ``build_stdlib_corpus``).
 
-A third kind is already tokenized: folders of self-distill records (``shard-*.json``, written by
-``python -m decoding self-distill``), each a chat model's prompts and its own greedy answers as
+A third kind is already tokenized: folders of recorded answers (``shard-*.json``, written by
+``python -m decoding record``), each a chat model's prompts and its own greedy answers as
 token ids. One document is a prompt followed by its answer (see ``build_record_corpus``): what a
 draft model for that chat model must learn to predict. Being ids in the chat model's tokenizer,
 these documents are never decoded to text and re-encoded.
@@ -43,7 +43,7 @@ from ..errors import DecodingError
 DOC_SEPARATOR = "<|endoftext|>"
 CORPUS_HELP = ("'austen' (Debian r-cran-janeaustenr), 'stdlib' (this Python's standard library) "
                "or a .txt file / folder of them")
-TRAIN_CORPUS_HELP = (CORPUS_HELP + "; or a folder of self-distill records (shard-*.json, token ids: give "
+TRAIN_CORPUS_HELP = (CORPUS_HELP + "; or a folder of recorded answers (shard-*.json, token ids: give "
                      "--tokenizer, that of the model that wrote them), several joined by ','")
 JANEAUSTENR_DATA = Path("/usr/lib/R/site-library/janeaustenr/data")
 AUSTEN_BOOKS = (
@@ -64,7 +64,7 @@ STDLIB_EXCLUDED_PREFIXES = ("_sysconfigdata", "config-")
 # Every Nth module (in sorted order) is held out whole: code is judged on files never seen.
 STDLIB_HELDOUT_EVERY = 25
 
-# Self-distill records: the shards `python -m decoding self-distill` writes, and the separator
+# Self-distill records: the shards `python -m decoding record` writes, and the separator
 # that joins several record folders in one --corpus.
 RECORD_SHARDS = "shard-*.json"
 RECORD_FOLDER_SEPARATOR = ","
@@ -211,7 +211,7 @@ def build_stdlib_corpus(root: Path | None = None) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class Record:
-    """One self-distill record: a chat prompt and the model's own greedy answer, as token ids."""
+    """One recorded answer: a chat prompt and the model's own greedy answer, as token ids."""
 
     prompt: list[int]
     answer: list[int]
@@ -223,7 +223,7 @@ class Record:
 
 
 def record_folders(source: str) -> list[Path] | None:
-    """The folders of self-distill records `source` names (one, or several joined by ','), or
+    """The folders of recorded answers `source` names (one, or several joined by ','), or
     None when it names none (so it is a text corpus). A mix of record folders and other things
     is an error."""
     paths = [Path(part) for part in source.split(RECORD_FOLDER_SEPARATOR) if part]
@@ -232,7 +232,7 @@ def record_folders(source: str) -> list[Path] | None:
         return None
     if not all(is_records):
         others = [str(p) for p, r in zip(paths, is_records, strict=True) if not r]
-        raise DecodingError(f"--corpus {source}: {', '.join(others)} holds no self-distill records ({RECORD_SHARDS})")
+        raise DecodingError(f"--corpus {source}: {', '.join(others)} holds no recorded answers ({RECORD_SHARDS})")
     return paths
 
 
@@ -285,7 +285,7 @@ def build_corpus(
     if source == "stdlib":
         return build_stdlib_corpus()
     if record_folders(source):
-        raise DecodingError(f"--corpus {source}: self-distill records are token ids, not text")
+        raise DecodingError(f"--corpus {source}: recorded answers are token ids, not text")
     if source == "austen":
         all_books = read_janeaustenr()
         books = [all_books[name] for name in AUSTEN_BOOKS]

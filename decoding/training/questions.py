@@ -9,6 +9,7 @@ the package index, and the template instructions (`instructions.py`) add topics 
 | `chitchat-dataset==0.9.0` (BYU PCC lab, 7,168 open-domain chats) | every message that asks a question | MIT |
 | `chatterbot-corpus==1.3.3` (English) | the opening line of each conversation | BSD-3-Clause |
 | templates (`instructions.py`: WordNet nouns, Python modules) | explain / write / code requests | WordNet's, PSF |
+| self-instruct (`self_instruct.py`, optional) | questions the model itself wrote, sampled | the model's |
 
 Every question that matches or nearly matches a shipped prompt (`assets/prompts/`, the bench and
 example sets, which must stay unseen) is dropped, and repeats are dropped. The list is built once
@@ -74,7 +75,7 @@ def chatterbot_openings(documents: Iterable[dict]) -> list[str]:
     return out
 
 
-def _read_packages(into: Path) -> dict[str, list[str]]:
+def read_packages(into: Path) -> dict[str, list[str]]:
     chitchat = download_wheel(CHITCHAT, into / "chitchat")
     with zipfile.ZipFile(chitchat) as archive:
         dataset = json.loads(archive.read("chitchat_dataset/dataset.json"))
@@ -85,11 +86,14 @@ def _read_packages(into: Path) -> dict[str, list[str]]:
     return {CHITCHAT: chitchat_questions(dataset), CHATTERBOT: chatterbot_openings(documents)}
 
 
-def build_questions(templates: int, seed: int = 0, packages_dir: Path | None = None) -> list[dict[str, str]]:
-    """Every package question plus `templates` template instructions, unseen, shuffled, with sources."""
+def build_questions(templates: int, seed: int = 0, written: list[str] | None = None) -> list[dict[str, str]]:
+    """Every package question, `templates` template instructions and the questions the model
+    `written` itself (self_instruct.py), unseen, without repeats, shuffled, each with its source."""
     with tempfile.TemporaryDirectory() as tmp:
-        by_source = _read_packages(packages_dir or Path(tmp))
+        by_source = read_packages(Path(tmp))
     by_source["templates"] = build_instructions(templates, seed)
+    if written:
+        by_source["self-instruct"] = written
     tagged = [(text, source) for source, texts in by_source.items() for text in texts]
     kept = set(keep_unseen([text for text, _ in tagged], shipped_prompts()))
     seen: set[str] = set()

@@ -1,8 +1,9 @@
-"""Medusa-1 heads trained on what self-distillation recorded: no base-model pass per step.
+"""Medusa-1 heads trained on a recording of the model's own answers: no base-model pass per step.
 
-`distill.py` records, for every answer token, the final hidden state that chose it and the base
-model's top guesses there. That is all a frozen-base head needs, so the heads train for as many
-epochs as they like at the price of the heads alone — on a CPU, a small fraction of one base pass.
+The recorder (`recorder.py`, seen through `answers.py`) keeps, for every answer token, the final
+hidden state that chose it and the base model's top guesses there. That is all a frozen-base head
+needs, so the heads train for as many epochs as they like at the price of the heads alone — on a
+CPU, a small fraction of one base pass.
 
 Three choices make the heads cheap to train and to run:
 
@@ -36,7 +37,7 @@ from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
 from ..heads import HeadsConfig, MedusaHeads
-from .distill import Answers
+from .answers import Answers
 from .evaluate import RankAccuracy
 from .trees import count_paths
 

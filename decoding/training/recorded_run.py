@@ -1,14 +1,11 @@
-"""The command line for chat models: `self-distill` records answers, `train-heads --recorded` trains.
+"""The command line of `train-heads --recorded`: Medusa heads for a chat model from a recording.
 
-    python -m decoding self-distill --model smollm2 --out runs/smollm2/distill --instructions 3200
-    python -m decoding self-distill --model smollm2 --out runs/smollm2/asked --instructions-source self-instruct
-    python -m decoding train-heads --model smollm2 --recorded runs/smollm2/distill --out heads/
+    python -m decoding record --model smollm2
+    python -m decoding train-heads --model smollm2 --recorded assets/recordings/smollm2-chat \\
+        --out heads/
 
-The first writes shards of the model's own greedy answers to generated instructions (templates,
-`instructions.py`, or questions the model wrote itself, `self_instruct.py`), with the hidden
-states and top guesses recorded on the way (`distill.py`); it can be stopped and resumed at any
-time: the questions are saved first, in `instructions.json`, and answered shard by shard. The
-second trains shared-lm_head heads over a draft vocabulary on those records (`recorded.py`),
+`record` (record_run.py) writes shards of the model's own greedy answers with the states and top
+guesses recorded on the way. This trains shared-lm_head heads over a draft vocabulary on them (`recorded.py`),
 holds the last shards out to measure them, grows the paper's optimal trees and the joint trees
 from the measurement, and saves the heads with everything measured.
 """
@@ -18,7 +15,6 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import json
 import shlex
 import sys
 import time
@@ -27,14 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import PreTrainedModel
 
-from ..atomic import write_atomically
 from ..errors import DecodingError
 from ..heads import MedusaHeads
+from .answers import concat_answers, drop_prompts, load_answers, read_shards
 from .base_model import load_base
-from .distill import concat_answers, distill_to_shards, drop_prompts, load_shard, read_shards
-from .instructions import build_instructions
 from .recorded import (
     RecordedData,
     RecordedEvaluation,
@@ -44,75 +37,18 @@ from .recorded import (
     fit_recorded_heads,
     new_recorded_heads,
 )
-from .self_instruct import self_instruct_questions
 from .trees import expected_tokens_per_pass, joint_optimal_choices, measured_tokens_per_pass, optimal_choices
 
 DEFAULT_TREE_NODES = [2, 4, 6, 8, 12, 16]
-INSTRUCTION_SOURCES = ("templates", "self-instruct")
-INSTRUCTIONS_FILE = "instructions.json"
-
-
-# ----- self-distill ------------------------------------------------------------------------------
-
-
-def add_distill_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="a chat model: wheel model name, folder or hub id")
-    parser.add_argument("--out", type=Path, required=True, help="folder for the shards")
-    parser.add_argument("--instructions", type=int, default=3200, help="how many instructions to answer")
-    parser.add_argument("--instructions-source", choices=INSTRUCTION_SOURCES, default="templates",
-                        help="templates: built from WordNet (instructions.py); self-instruct: questions "
-                             "the model writes itself, sampled, with the shipped prompts kept out")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--shard-size", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None)
-
-
-def run_distill(args: argparse.Namespace) -> int:
-    if min(args.instructions, args.max_new_tokens, args.batch_size, args.shard_size) < 1:
-        raise DecodingError("--instructions, --max-new-tokens, --batch-size and --shard-size must be positive")
-    tokenizer, model = load_base(args.model, args.threads)
-    if not getattr(tokenizer, "chat_template", None):
-        raise DecodingError(f"{args.model} has no chat template: self-distill asks a chat model questions")
-    instructions = _instructions(args, model, tokenizer)
-    distill_to_shards(model, tokenizer, instructions, args.out, args.max_new_tokens, args.batch_size,
-                      args.shard_size)
-    print(f"{len(read_shards(args.out))} shards in {args.out}")
-    return 0
-
-
-def _instructions(args: argparse.Namespace, model: PreTrainedModel, tokenizer: object) -> list[str]:
-    """The questions to answer: the saved list when resuming, else a new one, saved before any answer.
-
-    Sampled questions depend on the machine's arithmetic, so a resumed run must not write them
-    again: the shards already on disk answer the saved list.
-    """
-    saved = args.out / INSTRUCTIONS_FILE
-    asked = {"source": args.instructions_source, "count": args.instructions, "seed": args.seed}
-    if saved.exists():
-        record = json.loads(saved.read_text())
-        if {k: record.get(k) for k in asked} != asked:
-            raise DecodingError(f"{args.out} holds answers to other questions ({ {k: record.get(k) for k in asked} }); "
-                                "give the same --instructions, --instructions-source and --seed, or another --out")
-        return record["instructions"]
-    if args.instructions_source == "self-instruct":
-        instructions = self_instruct_questions(model, tokenizer, args.instructions, args.seed)
-    else:
-        instructions = build_instructions(args.instructions, args.seed)
-    record = asked | {"instructions": instructions}
-    write_atomically(saved, lambda tmp: tmp.write_text(json.dumps(record, indent=1)))
-    print(f"{len(instructions)} {args.instructions_source} instructions saved to {saved}")
-    return instructions
 
 
 # ----- train-heads --recorded --------------------------------------------------------------------
 
 
 def add_recorded_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("recorded self-distillation (chat models; see `self-distill`)")
+    group = parser.add_argument_group("a recording of the model's own answers (chat models; see `record`)")
     group.add_argument("--recorded", type=Path, nargs="+", default=None,
-                       help="train on the shards `self-distill` wrote in these folders (the last "
+                       help="train on the shards `record` wrote in these folders (the last "
                             "--heldout-shards are held out); the base model is never run")
     group.add_argument("--draft-vocab-size", type=int, default=8192,
                        help="with --recorded: the heads guess among this many most-written tokens")
@@ -145,13 +81,13 @@ def _split(shards: list[Path], heldout_shards: int, validation_shards: int = 0) 
     """Training, validation and held-out data, from the front, the shards before the held-out
     ones, and the last shards; an answer to a kept-out question never lands in training."""
     cut = len(shards) - heldout_shards
-    heldout = concat_answers([load_shard(p) for p in shards[cut:]])
+    heldout = concat_answers([load_answers(p) for p in shards[cut:]])
     kept_out = {tuple(p) for p in heldout.prompts}
     validation = None
     if validation_shards:
-        validation = concat_answers([load_shard(p) for p in shards[cut - validation_shards : cut]])
+        validation = concat_answers([load_answers(p) for p in shards[cut - validation_shards : cut]])
         kept_out |= {tuple(p) for p in validation.prompts}
-    train = drop_prompts(concat_answers([load_shard(p) for p in shards[: cut - validation_shards]]), kept_out)
+    train = drop_prompts(concat_answers([load_answers(p) for p in shards[: cut - validation_shards]]), kept_out)
     return _Split(RecordedData.from_answers(train), validation and RecordedData.from_answers(validation),
                   RecordedData.from_answers(heldout))
 
@@ -276,7 +212,7 @@ def run_recorded(args: argparse.Namespace) -> int:
         "heldout_tokens_per_pass": measured,
         "default_tree": default,
         "training": {
-            "recipe": "Medusa-1 (frozen base) on recorded self-distillation",
+            "recipe": "Medusa-1 (frozen base) on a recording of its own answers",
             "settings": dataclasses.asdict(settings),
             "steps": run.steps,
             "train_positions": run.positions,

@@ -27,7 +27,8 @@ greedy answer up to floating-point rounding (`tests/test_recorder.py` checks it 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator, Sequence
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -122,7 +123,7 @@ class _SharedCache:
         width = other_mask.shape[1]
         if width > self.length:
             self.pad_left(width - self.length)
-        index = torch.tensor(rows)
+        index = torch.tensor(rows, device=self.mask.device)
         for layer, new in zip(self.cache.layers, other.layers, strict=True):
             layer.keys[index, :, -width:] = new.keys
             layer.values[index, :, -width:] = new.values
@@ -137,6 +138,30 @@ class _SharedCache:
 def _cache_argument(model: PreTrainedModel) -> str:
     """transformers 5 renamed `past_key_values` to `cache`; older model code has the old name."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+@torch.inference_mode()
+def recorded_from_tokens(model: PreTrainedModel, answered: Sequence[tuple[int, list[int], list[int]]],
+                         batch_size: int = 16) -> list[Recorded]:
+    """The records of answers already written, (question, prompt, answer) token ids, rebuilt by
+    batched passes over prompt + answer: the features and top-k logits `ContinuousBatcher` keeps,
+    to rounding (a pass over many positions sums in another order than a step)."""
+    layers = feature_layers(model.config.get_text_config(decoder=True).num_hidden_layers)
+    device = next(model.parameters()).device
+    out = []
+    for start in range(0, len(answered), batch_size):
+        chunk = answered[start: start + batch_size]
+        # The last answer token is never read: its state would choose what follows the answer.
+        ids, mask = pad_batch([prompt + answer[:-1] for _, prompt, answer in chunk], 0, side="right")
+        result = model(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True,
+                       use_cache=False)
+        states = torch.stack([result.hidden_states[i] for i in layers], dim=2).half().cpu()
+        for b, (question, prompt, answer) in enumerate(chunk):
+            length = len(prompt) + len(answer) - 1
+            top_logits, top_ids = result.logits[b, len(prompt) - 1: length].float().topk(TOP_K_LOGITS)
+            out.append(Recorded(question, prompt, answer, states[b, :length].clone(), top_ids.int().cpu(),
+                                top_logits.half().cpu()))
+    return out
 
 
 class ContinuousBatcher:
@@ -154,18 +179,20 @@ class ContinuousBatcher:
         self.refill_at = max(1, round(batch_size * refill_share))
         self.layers = feature_layers(model.config.get_text_config(decoder=True).num_hidden_layers)
         self.cache_argument = _cache_argument(model)
+        self.device = next(model.parameters()).device
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: DynamicCache):
         return self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                           **{self.cache_argument: cache}, use_cache=True, output_hidden_states=True)
 
     def _kept_features(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """(batch, seq, layers, hidden) float16: the kept layers' states."""
-        return torch.stack([hidden_states[i] for i in self.layers], dim=2).half()
+        """(batch, seq, layers, hidden) float16, in the CPU's memory: the kept layers' states."""
+        return torch.stack([hidden_states[i] for i in self.layers], dim=2).half().cpu()
 
     def _take_token(self, row: _Row, logits: torch.Tensor, feature: torch.Tensor) -> int:
         """Record the state and guesses at a row's newest position and append its greedy token."""
         top_logits, top_ids = logits.float().topk(TOP_K_LOGITS)
+        top_logits, top_ids = top_logits.cpu(), top_ids.cpu()
         token = int(top_ids[0])  # topk sorts, so its first is the argmax
         row.answer.append(token)
         row.features.append(feature)
@@ -180,6 +207,7 @@ class ContinuousBatcher:
                                                                          list[int]]:
         """Newcomers' prompts in one left-padded pass: their rows (first token taken), cache, mask."""
         ids, mask = pad_batch([prompt for _, prompt in questions], self.pad_id, side="left")
+        ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
         cache = DynamicCache()
         out = self._forward(ids, mask, positions, cache)
@@ -195,16 +223,25 @@ class ContinuousBatcher:
         return rows, cache, mask, tokens
 
     @torch.inference_mode()
-    def answers(self, questions: Sequence[tuple[int, list[int]]]) -> Iterator[Recorded]:
-        waiting = list(reversed(questions))  # popped from the end: in order
-        take = lambda n: [waiting.pop() for _ in range(min(n, len(waiting)))]  # noqa: E731
-        rows, cache, mask, tokens = self._prefill(take(self.batch_size)) if waiting else ([], None, None, [])
-        if not rows:
+    def answers(self, questions: Iterable[tuple[int, list[int]]]) -> Iterator[Recorded]:
+        """Read lazily: a question's prompt is only asked for when a row is free to take it."""
+        source = iter(questions)
+        waiting = True  # until the source runs dry
+
+        def take(count: int) -> list[tuple[int, list[int]]]:
+            nonlocal waiting
+            taken = list(itertools.islice(source, count))
+            waiting = len(taken) == count
+            return taken
+
+        first = take(self.batch_size)
+        if not first:
             return
+        rows, cache, mask, tokens = self._prefill(first)
         shared = _SharedCache(cache, mask)
         slots: list[_Row | None] = list(rows)
-        next_tokens = torch.tensor(tokens)
-        positions = torch.tensor([len(row.prompt) for row in rows])
+        next_tokens = torch.tensor(tokens, device=self.device)
+        positions = torch.tensor([len(row.prompt) for row in rows], device=self.device)
         while True:
             for b, row in enumerate(slots):
                 if row is not None and self._done(row):
@@ -212,8 +249,9 @@ class ContinuousBatcher:
                     slots[b] = None
                     shared.mask[b] = 0  # an empty slot sees only its newest column, whatever it holds
             free = [b for b, row in enumerate(slots) if row is None]
-            if waiting and len(free) >= min(self.refill_at, len(waiting)):
-                newcomers, new_cache, new_mask, new_tokens = self._prefill(take(len(free)))
+            newcomers = take(len(free)) if waiting and len(free) >= self.refill_at else []
+            if newcomers:
+                newcomers, new_cache, new_mask, new_tokens = self._prefill(newcomers)
                 used = free[: len(newcomers)]
                 shared.place(used, new_cache, new_mask)
                 for b, row, token in zip(used, newcomers, new_tokens, strict=True):
@@ -224,7 +262,7 @@ class ContinuousBatcher:
             if not waiting and free:
                 # No question left to fill them: stop computing the empty rows.
                 live = [b for b, row in enumerate(slots) if row is not None]
-                shared.keep_rows(torch.tensor(live))
+                shared.keep_rows(torch.tensor(live, device=self.device))
                 slots = [slots[b] for b in live]
                 next_tokens, positions = next_tokens[live], positions[live]
             shared.trim_left()

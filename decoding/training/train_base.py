@@ -9,7 +9,7 @@ offline.
 With ``--tokenizer DIR`` it trains a model for an existing tokenizer instead: a *draft model*
 for speculative decoding, which must share its target model's vocabulary and special tokens.
 Then nothing is trained or saved for the tokenizer (the draft loads its target's), and the
-corpus may be the target's own self-distill records, already token ids (see corpus.py).
+corpus may be the target's own recorded answers, already token ids (see corpus.py).
 
 Training is built for a shared 2-core CPU with a wall-clock budget:
 
@@ -57,7 +57,7 @@ CURVE_FILE = "loss_curve.png"
 class BaseTrainingSettings:
     """train-base's settings; the defaults are those of the shipped `austen` model."""
 
-    # 'austen', 'stdlib', a .txt file / folder of them, or self-distill record folders (see corpus.py)
+    # 'austen', 'stdlib', a .txt file / folder of them, or recording folders (see corpus.py)
     corpus: str = "austen"
     out: Path = Path("runs/train_base/austen")  # final model, tokenizer, log, checkpoint/
     # A saved tokenizer to use as it is (a draft model's is its target's); None: train one.

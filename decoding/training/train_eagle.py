@@ -1,7 +1,6 @@
 """Training an EAGLE draft head on recorded answers, with the base model frozen.
 
-    python -m decoding train-eagle --model smollm2 --recorded ~/.cache/medusa-playground/recordings/smollm2-chat \
-        --out eagle/
+    python -m decoding train-eagle --model smollm2 --recorded assets/recordings/smollm2-chat --out eagle/
 
 The recording (`record`, recording.py) holds the model's own greedy answers and, at every position
 j of prompt + answer, the base model's states there: the final normed state f_j (what its lm_head
@@ -36,7 +35,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -110,6 +109,9 @@ class Batch:
     sequence: torch.Tensor  # (N,) which packed sequence each position belongs to
     local: torch.Tensor  # (N,) its position within that sequence
     target: torch.Tensor  # (N,) whether position j trains: f_{j+1} exists and chooses an answer token
+
+    def to(self, device: torch.device) -> Batch:
+        return Batch(*(getattr(self, f.name).to(device) for f in fields(self)))
 
 
 def pack(sequences: list[Sequence]) -> Batch:
@@ -227,10 +229,11 @@ def evaluate_eagle(head: EagleHead, rows: nn.Linear, embedding: nn.Embedding, se
     """
     head.eval()
     right_rows, valid_rows = [], []
+    device = embedding.weight.device
     for batch in batches(sequences, batch_tokens, rng=None):
-        outputs = unrolled_outputs(head, embedding, batch, depth, noise=0.0)
+        outputs = unrolled_outputs(head, embedding, batch.to(device), depth, noise=0.0)
         target_tokens = torch.cat([batch.tokens[2:], batch.tokens[:2]])  # t_{j+2}
-        right = torch.stack([head.token_ids(rows(out).argmax(-1)) == target_tokens for out in outputs])
+        right = torch.stack([head.token_ids(rows(out).argmax(-1)).cpu() == target_tokens for out in outputs])
         valid = torch.stack([batch.target & (batch.local >= step - 1) & (batch.local + 2 < _lengths(batch))
                              for step in range(1, depth + 1)])
         # Re-index by the chain's start m = j - (d - 1): level d of chain m sits at j = m + d - 1.
@@ -299,6 +302,8 @@ def fit_eagle(head: EagleHead, base: PreTrainedModel, train: list[Sequence], val
               resume: bool = False) -> tuple[list[dict], int]:
     """Train `head`; returns the per-epoch record and the epoch kept (best validation)."""
     embedding = base.get_input_embeddings()
+    device = embedding.weight.device
+    head.to(device)
     rows = draft_rows(head, base)
     rng = random.Random(settings.seed)
     steps_per_epoch = len(batches(train, settings.batch_tokens, rng=None))
@@ -318,7 +323,7 @@ def fit_eagle(head: EagleHead, base: PreTrainedModel, train: list[Sequence], val
     for epoch in range(first_epoch, settings.epochs + 1):
         started, losses = time.time(), []
         for batch in tqdm(batches(train, settings.batch_tokens, rng), desc=f"train eagle, epoch {epoch}", unit="batch"):
-            loss = batch_loss(head, rows, embedding, batch, settings)
+            loss = batch_loss(head, rows, embedding, batch.to(device), settings)
             optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
