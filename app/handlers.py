@@ -372,5 +372,6 @@ def preset_text(model_name: str, preset: str) -> str:
 
 
 def tree_status(text: str, num_heads: float, model_name: str, preset: str) -> str:
+    """The tree editor's status line; the heads slider's PAGE_UNSET means all the model's heads."""
     model = _load(model_name)
-    return describe_tree(text, model.trees.get(preset), model.num_heads, int(num_heads))
+    return describe_tree(text, model.trees.get(preset), model.num_heads, int(num_heads) or model.num_heads)
