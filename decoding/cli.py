@@ -45,6 +45,8 @@ def _add_setting(p: argparse.ArgumentParser, setting: Setting, default: object, 
 
 
 def _add_model_arguments(p: argparse.ArgumentParser) -> None:
+    from .drafters import DRAFTERS
+
     p.add_argument("--model", default=None,
                    help="embedded model name, registry name, local directory or hub id "
                         "(default: the embedded model)")
@@ -62,9 +64,7 @@ def _add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice). Use fewer than the cores "
                         "when another job is running: threads fighting over a core are very slow")
-    from .drafters import DRAFTERS
-
-    for name, cls in DRAFTERS.items():
+    for name, cls in DRAFTERS.items():  # where what each drafter drafts with comes from: --eagle DIR...
         if cls.source_help:
             p.add_argument("--" + name, dest=_source_dest(name), metavar="SOURCE", default=None, help=cls.source_help)
     p.add_argument("--no-pack", action="store_true",

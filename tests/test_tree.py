@@ -18,7 +18,6 @@ def test_small_tree_buffers_match_hand_worked_example():
     assert tree.paths == ((0,), (1,), (0, 0), (0, 1), (1, 0))
     assert tree.parents == [-1, 0, 0, 1, 1, 2]
     assert tree.depths == [0, 1, 1, 2, 2, 2]
-    assert tree.heads == [0, 1, 1, 2, 2, 2]
     assert tree.ranks == [0, 0, 1, 0, 1, 0]
     assert tree.leaves == [3, 4, 5]
     assert tree.children[1] == [3, 4] and tree.children[2] == [5]
