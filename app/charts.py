@@ -6,13 +6,13 @@ from collections import Counter
 
 import plotly.graph_objects as go
 
+from decoding.race import RaceResult
 from decoding.stats import Timing, round_cost, round_end_times
 from decoding.trace import CostCurve, RunTrace
 
 from . import lanes
 from .figure_style import LAPTOP, Look, base_layout, message_figure
 from .palette import ACCEPTED, AR, MEDUSA, head_colour
-from .race import RaceResult
 
 
 def timeline(trace: RunTrace) -> tuple[list[float], list[int]]:
@@ -43,17 +43,19 @@ def race_figure(result: RaceResult | None, until: float | None = None, look: Loo
             marker=dict(size=5 * look.scale), name=f"{name}: {trace.forward_passes} passes",
             hovertemplate=f"{name}<br>%{{y}} tokens at %{{x:.3f}} s<extra></extra>",
         ))
-    # A legend of up to four lanes fits above a laptop's figure; on a phone it goes below the axis.
+    # On a laptop the legend is a row of its own between the title and the plot (beside the
+    # title, four lanes ran into it at 1280 px); on a phone it goes below the axis.
     legend = (dict(orientation="h", yanchor="top", y=-0.22, x=0, xanchor="left") if look.narrow
-              else dict(orientation="h", yanchor="bottom", y=1.0, x=1, xanchor="right"))
+              else dict(orientation="h", yanchor="bottom", y=1.0, x=0, xanchor="left"))
     which = f"race {result.shown_index + 1} of {len(result.races)}"
     title = (f"The median race ({which})" if look.narrow
              else f"The median race, replayed ({which}: {lanes.title(result.focus)}'s median)")
-    fig.update_layout(title=dict(text=title, x=0.01), legend=legend)
+    fig.update_layout(title=dict(text=title, x=0.01, y=0.98, yanchor="top"), legend=legend)
     fig.update_xaxes(title="decoding seconds since the run started (prefill included)", rangemode="tozero")
     fig.update_yaxes(title="tokens", rangemode="tozero")
     fig = base_layout(fig, height=round((440 if look.narrow else 340) * look.scale), look=look, uirevision="race")
-    fig.update_layout(margin=dict(l=10, r=10, t=round(80 * look.scale), b=round(110 if look.narrow else 10)))
+    fig.update_layout(margin=dict(l=10, r=10, t=round((60 if look.narrow else 90) * look.scale),
+                                  b=round(110 if look.narrow else 10)))
     return fig
 
 
@@ -165,10 +167,13 @@ def cost_curve_figure(curve: CostCurve | None, tree_nodes: int | None = None, lo
                                  marker=dict(color=ACCEPTED, size=round(12 * look.marker_scale), symbol="diamond"),
                                  hovertemplate="your tree: %{x} nodes ≈ %{y:.2f} steps<extra></extra>"))
     powers = [2**i for i in range(top.bit_length()) if 2**i <= top]
-    fig.update_layout(title=dict(text="What a pass over T tokens costs here", x=0.01),
+    # Two lines on a phone, where one was cut at its end ("costs he").
+    title = "What a pass over T tokens<br>costs here" if look.narrow else "What a pass over T tokens costs here"
+    fig.update_layout(title=dict(text=title, x=0.01),
                       legend=dict(orientation="h", yanchor="top", y=-0.28, x=0, xanchor="left"))
     fig.update_xaxes(title="tokens in one pass (T)", type="log", tickvals=curve.sizes)
     fig.update_yaxes(title="one-token steps", type="log", tickvals=powers)
     fig = base_layout(fig, height=round(360 * look.scale), look=look, uirevision="cost-curve")
-    fig.update_layout(margin=dict(l=10, r=10, t=round(50 * look.scale), b=round(90 * look.scale)))
+    fig.update_layout(margin=dict(l=10, r=10, t=round((70 if look.narrow else 50) * look.scale),
+                                  b=round(90 * look.scale)))
     return fig

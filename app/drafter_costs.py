@@ -7,11 +7,11 @@ passes): the argument for Medusa is made on the visitor's run, and where Medusa 
 
 from __future__ import annotations
 
+from decoding.race import RaceResult
 from decoding.trace import DrafterInfo
 
 from . import lanes
 from .lanes import DRAFT_MODEL, EAGLE, MEDUSA, PROMPT_LOOKUP
-from .race import RaceResult
 from .tokens import md_text
 
 INVITATION = ("*Race with the **draft model** lane ticked (on a model that ships one) and this step puts "

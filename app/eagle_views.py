@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 from decoding.drafters import available_drafters
 from decoding.model import LoadedModel
+from decoding.race import PLAIN, RaceResult
 from decoding.stats import verify_cost
 from decoding.trace import RoundTrace, RunTrace
 
 from .charts import acceptance_by_depth
 from .lanes import EAGLE
-from .race import PLAIN, RaceResult
 from .tokens import md_text
 
 # ----------------------------------------------------------------------------- one round

@@ -21,6 +21,7 @@ first round and at the end; a 5-node tree every 2 s.
 from __future__ import annotations
 
 import html
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from decoding import available_drafters
 from decoding.errors import DecodingError
 from decoding.loops import stream
 from decoding.model import LoadedModel
+from decoding.race import RaceResult, default_lanes, race
 from decoding.trace import RunTrace
 
 from . import charts, lanes, race_views, views
@@ -46,9 +48,9 @@ from .inputs import (
     race_lanes,
 )
 from .models import require_offered
-from .race import RaceResult, default_lanes, race
 from .store import cache, write_json
 from .text import Step, render_steps
+from .waiting import BOARD
 
 PUSH_EVERY = 0.25  # seconds between updates of the token stream while a run streams
 FIGURES_EVERY = 2.0  # seconds between redraws of the tree and mask while a run streams, at least
@@ -57,6 +59,7 @@ FIGURES_SHARE = 0.1  # the most of a run's time spent building and drawing its f
 # them: on a 2-core CPU with the 64-node mc_sim_7b_63 tree, 0.8-1.2 s of the page's main thread
 # (Gradio draws each figure twice per update) against 0.18 s to build them.
 BROWSER_COST = 5.0
+LOG = logging.getLogger("medusa_playground")
 
 
 @dataclass
@@ -129,7 +132,10 @@ def toast_text(error: DecodingError) -> str:
 
 
 def refusal(error: DecodingError) -> gr.Error:
-    return gr.Error(toast_text(error))
+    """The error a visitor or API client is shown. A refusal is an answer, not a fault: the
+    server's log gets one line for it instead of Gradio's tracebacks."""
+    LOG.warning("refused: %s", error)
+    return gr.Error(toast_text(error), print_exception=False)
 
 
 def _load(name: str) -> LoadedModel:
@@ -163,12 +169,17 @@ def refused(page: Page, values: dict, error: DecodingError, tab: str) -> dict:
     return {page.tabs: gr.Tabs(selected="playground"), page.summary: views.refusal_text(error, "run", earlier)}
 
 
-def run_drafter(page: Page, values: dict) -> Iterator[dict]:
-    """Stream a run of the chosen drafter into the Playground (or say why it cannot run)."""
+def run_drafter(page: Page, values: dict, session: str = "") -> Iterator[dict]:
+    """Stream a run of the chosen drafter into the Playground (or say why it cannot run); other
+    visitors' pages are told a run is on (`session`: this page's)."""
+    request = page.read(values)
+    BOARD.post(session, f"run ({lanes.in_sentence(request.method)}, up to {request.max_new_tokens} tokens)")
     try:
         yield from _stream_run(page, values)
     except DecodingError as e:
         yield refused(page, values, e, "playground")
+    finally:
+        BOARD.clear(session)
 
 
 def _stream_run(page: Page, values: dict) -> Iterator[dict]:
@@ -213,23 +224,27 @@ def race_updates(page: Page, view: race_views.RaceView) -> dict:
             page.race_md: view.verdict}
 
 
-def run_race(page: Page, values: dict) -> Iterator[dict]:
+def run_race(page: Page, values: dict, session: str = "") -> Iterator[dict]:
     """Plain decoding and each ticked drafter, several races in rotating order after a warm-up;
     the median race is replayed, then the Playground's drafter's run in it is shown there (or
-    the Race tab says why it cannot run)."""
+    the Race tab says why it cannot run). Other visitors' pages are told who leads and about how
+    long is left (`session`: this page's)."""
     try:
-        yield from _stream_race(page, values)
+        yield from _stream_race(page, values, session)
     except DecodingError as e:
         yield refused(page, values, e, "race")
+    finally:
+        BOARD.clear(session)
 
 
-def _stream_race(page: Page, values: dict) -> Iterator[dict]:
+def _stream_race(page: Page, values: dict, session: str) -> Iterator[dict]:
     request, look = page.read(values), page.look(values)
     model = cache.get(require_offered(request.model))
     drafters = race_lanes(model, request)
     settings = decode_settings(model, request, drafters)
     last_push, last_phase = 0.0, ""
     for frame in race(model, request.prompt, settings, drafters, request.races, focus=request.method):
+        BOARD.post(session, race_views.waiting_text(frame), frame.left)
         now = time.perf_counter()
         if frame.phase == last_phase and frame.phase != "done" and now - last_push < PUSH_EVERY:
             continue

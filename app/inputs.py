@@ -16,10 +16,9 @@ from decoding.drafters.medusa_heads import named_tree
 from decoding.errors import DecodingError
 from decoding.limits import PAGE_LIMITS, check_page_limits, tree_problem, tree_text_problem
 from decoding.model import LoadedModel
+from decoding.race import DEFAULT_RACES
 from decoding.settings import PLAIN, DecodeSettings
 from decoding.tree import Tree, read_choices
-
-from .race import DEFAULT_RACES
 
 DEFAULTS = DecodeSettings()
 # What a slider or an API call sends for a setting left unset (a seed, EAGLE's size, the heads in

@@ -22,6 +22,7 @@ from decoding import available_drafters
 from decoding.assets import ASSETS_DIR
 from decoding.limits import PAGE_LIMITS
 from decoding.prompts import example_prompts
+from decoding.race import DEFAULT_RACES, MAX_RACES, default_lanes
 from decoding.settings import DecodeSettings
 
 from . import handlers, lanes, sidebar, store
@@ -30,14 +31,19 @@ from .figure_style import MASK_SHARE, SIDEBAR_CLOSED_BELOW, SIDEBAR_PX, message_
 from .gpu import ON_ZERO_GPU, gpu
 from .handlers import Page
 from .models import missing_models, model_choices, warm_up
-from .race import DEFAULT_RACES, MAX_RACES, default_lanes
 from .race_views import RACE_IDLE
 from .text import Step, load_steps, load_text, render_steps
 from .views import learn_banner, learn_figures, model_card, stats_figures, stats_text, stream_view
+from .waiting import BOARD
 
 MODEL_QUEUE = "model"
 PRIVATE = dict(api_visibility="private")
+MAX_NEW_TOKENS_UI = 256
+WAITING_EVERY = 2.0  # seconds between a page's looks at what the model is busy with
 PLAY_EVERY = 1.5  # seconds per round when playing; drawing a 64-node round takes most of a second
+# The embedded code model: small enough that its verify pass costs little more than a step on a
+# CPU, and code is predictable, so its heads guess more tokens a pass than a chat model's.
+CODE_MODEL = "stdlib"
 DEFAULT_PROMPTS = ["It was a fine morning, and Elizabeth", "My dear Emma, said Mr. Knightley,"]
 DEFAULTS = DecodeSettings()
 # Where each explainer step points: (tab id, element id, button label).
@@ -133,7 +139,12 @@ def build_demo() -> gr.Blocks:
                     with gr.Column(min_width=120, scale=0, elem_id="run-buttons"):
                         run_btn = gr.Button("Run", variant="primary", elem_id="run-button", size="md")
                         race_btn = gr.Button("Race vs plain", elem_id="race-button", size="md")
+                waiting_md = gr.Markdown("", elem_id="waiting")
+        # The card, then the button under it: side by side, a phone squeezed the card to a word a line.
         model_md = gr.Markdown(model_card(model), elem_id="model-card")
+        code = next(((p, m) for p, m in examples if m == CODE_MODEL), None)
+        try_code = gr.Button(f"Where Medusa's gain is clear on a CPU: the code model ({CODE_MODEL}) →",
+                             size="sm", elem_id="try-code", visible=code is not None and default != CODE_MODEL)
 
         with gr.Tabs(elem_id="results") as tabs:
             with gr.Tab("Playground", id="playground"):
@@ -171,8 +182,14 @@ def build_demo() -> gr.Blocks:
             **{k: v for k, v in race_tab.items() if k not in ("races", "lanes")},
         )
         _wire_runs(page, run_btn, race_btn)
+        # Outside the queue: a waiting visitor's page asks every few seconds what the model is busy
+        # with, and those questions must neither wait behind the model nor fill the queue.
+        gr.Timer(WAITING_EVERY).tick(_waiting_notice, None, waiting_md, queue=False, show_progress="hidden",
+                                     **PRIVATE)
         _wire_rounds(page)
         _wire_settings(page, model_dd, current_model, model_md, example_dd, examples, drafter["tree_status"])
+        if code is not None:  # one click: its example prompt and its model (the menu's change loads it)
+            try_code.click(lambda: code, None, [prompt, model_dd], **PRIVATE)
         demo.load(None, None, width, js=ON_LOAD, **PRIVATE)
         tabs.change(None, js=RESIZE_PLOTS, **PRIVATE)
         projector.change(None, projector, None, js=TOGGLE_PROJECTOR, **PRIVATE)
@@ -236,17 +253,25 @@ def _handler(fn: Callable, page: Page) -> Callable[[dict], dict]:
     return handler
 
 
-def _streaming(fn: Callable, page: Page) -> Callable[[dict], Iterator[dict]]:
-    def handler(values: dict) -> Iterator[dict]:
-        yield from fn(page, values)
+def _streaming(fn: Callable, page: Page) -> Callable[[dict, gr.Request], Iterator[dict]]:
+    """`fn(page, values, session)` as a streaming event handler; the session tells this page's own
+    model work from another visitor's (app/waiting.py)."""
+    def handler(values: dict, request: gr.Request) -> Iterator[dict]:
+        yield from fn(page, values, request.session_hash or "")
     return handler
+
+
+def _waiting_notice(request: gr.Request) -> str:
+    return BOARD.notice(request.session_hash or "")
 
 
 def _wire_runs(page: Page, run_btn: gr.Button, race_btn: gr.Button) -> None:
     after = dict(fn=_handler(handlers.after_run, page),
                  inputs={page.run_state, page.race_state, page.projector, page.width},
                  outputs=page.after_run(), **PRIVATE)
-    model_work = dict(concurrency_id=MODEL_QUEUE, concurrency_limit=1, show_progress="minimal", **PRIVATE)
+    # No progress animation: the run's summary and the race's status line say where they are, and
+    # Gradio's ticking timers kept the browser drawing on the cores the measured runs need.
+    model_work = dict(concurrency_id=MODEL_QUEUE, concurrency_limit=1, show_progress="hidden", **PRIVATE)
     run_outputs = [page.tabs, page.run_state, *page.playground()]
     for trigger in (run_btn.click, page.request["prompt"].submit):
         trigger(gpu(_streaming(handlers.run_drafter, page)), page.inputs(), run_outputs, **model_work).then(**after)

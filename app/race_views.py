@@ -9,28 +9,31 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 
 from decoding.drafters import drafter_class
+from decoding.measure import busy_note
+from decoding.race import PLAIN, RaceFrame, RaceResult, lane_order
 from decoding.stats import Spread, round_cost
 from decoding.trace import RunTrace
 
 from . import charts, eagle_views, lanes
 from .figure_style import LAPTOP, Look, message_figure
-from .race import PLAIN, RaceFrame, RaceResult, lane_order
 from .tokens import md_text, stream_html
 
 RACE_IDLE = "Press **Race vs plain** to measure plain decoding and every ticked drafter on this prompt."
 
 
 def race_status(frame: RaceFrame) -> str:
-    """Where the race is: the visitor waits tens of seconds for a real model, so say what runs."""
+    """Where the race is: the visitor waits tens of seconds for a real model, so say what runs,
+    who is ahead so far and about how long the rest takes (from what the race has measured)."""
     count = len(frame.lanes)
     if frame.phase == "warm-up":
         return f"Warming up {count} lanes (a short run of each), then {frame.races} race(s)…"
     if frame.phase == "measuring":
         place = lane_order(frame.lanes, frame.finished).index(frame.measuring) + 1
         run, runs = frame.finished * count + place, frame.races * count
+        left = f" · about {frame.left:.0f} s left" if frame.left is not None else ""
         return (f"Race {frame.finished + 1} of {frame.races}: measuring **{lanes.title(frame.measuring)}** alone "
-                f"(lane {place} of {count} in this race; run {run} of {runs}){_time_left(frame, run - 1, runs)}… "
-                f"(the page waits so it does not slow the run down)  \n{_lane_progress(frame)}")
+                f"(lane {place} of {count} in this race; run {run} of {runs}){left}… "
+                f"(the page waits so it does not slow the run down)  \n{_lane_progress(frame)}{_leader(frame)}")
     if frame.phase == "replaying":
         pace = f" at {frame.pace:.1f}× real speed" if frame.pace > 1 else ""
         return f"▶ Replaying the median race{pace}, every lane on its own measured clock, side by side."
@@ -38,12 +41,21 @@ def race_status(frame: RaceFrame) -> str:
             "in an order that rotates from race to race.")
 
 
-def _time_left(frame: RaceFrame, finished: int, runs: int) -> str:
-    """About how long the rest takes, from the runs measured so far (nothing before the first)."""
-    if not finished or frame.elapsed <= 0:
+def waiting_text(frame: RaceFrame) -> str:
+    """The race as another visitor's page tells it while they wait: which race, who leads."""
+    names = ", ".join(lanes.title(lane) for lane in frame.lanes)
+    where = {"warm-up": "warming up", "measuring": f"race {frame.finished + 1} of {frame.races}",
+             "replaying": "replaying", "done": "done"}[frame.phase]
+    lead = f"; {lanes.title(frame.leader)} leads at {frame.lead:.2f}×" if frame.leader else ""
+    return f"race ({names}: {where}{lead})"
+
+
+def _leader(frame: RaceFrame) -> str:
+    """Who is ahead after the races measured so far."""
+    if not frame.leader:
         return ""
-    left = frame.elapsed / finished * (runs - finished)
-    return f" · about {left:.0f} s left"
+    return (f"  \nSo far ({frame.finished} race{'s' if frame.finished != 1 else ''}): "
+            f"**{lanes.title(frame.leader)}** leads at {frame.lead:.2f}× plain decoding's speed.")
 
 
 def _lane_progress(frame: RaceFrame) -> str:
@@ -148,15 +160,28 @@ def race_verdict(result: RaceResult | None) -> str:
     else:
         headline = (f"**{name}: {spread.median:.2f}× the speed of plain decoding** (median of {spread.count} "
                     f"races; range {spread.low:.2f}–{spread.high:.2f}×)")
-        if spread.crosses:
-            caveat = (f" **The range crosses 1.0×:** {name} was faster in some races and slower in others, "
-                      "so on this machine, now, it is not clearly faster.")
-        elif spread.high < 1.0:
-            caveat = " Every race was slower than plain decoding here."
-        else:
-            caveat = " Every race was faster."
-    return (f"{headline} on {md_text(trace.device)} ({md_text(trace.model)}).{caveat}{_against_medusa(result)}\n\n"
-            f"{lane_table(result)}\n\n{_same_text(result)}")
+        caveat = _range_caveat(name, spread)
+    busy = busy_note(result.load, result.threads_before)
+    busy = f'\n\n<div class="busy-note" data-others="{result.load.others:.2f}">⚠ {busy}</div>' if busy else ""
+    return (f"{headline} on {md_text(trace.device)} ({md_text(trace.model)}).{caveat}{_against_medusa(result)}"
+            f"{busy}\n\n{lane_table(result)}\n\n{_same_text(result)}")
+
+
+def _range_caveat(name: str, spread: Spread) -> str:
+    """What the range of several races says, read from the figures as printed (a slowest race of
+    0.998× is printed 1.00×, and is not called slower)."""
+    low, high = round(spread.low, 2), round(spread.high, 2)
+    if high < 1.0:
+        return " Every race was slower than plain decoding here."
+    if low > 1.0:
+        return " Every race was faster."
+    if low == high == 1.0:
+        return " Every race ran at plain decoding's speed."
+    if low < 1.0 < high:
+        return (f" **The range crosses 1.0×:** {name} was faster in some races and slower in others, "
+                "so on this machine, now, it is not clearly faster.")
+    return (f" **The range reaches 1.0×:** {name} was not faster in every race, "
+            "so on this machine, now, it is not clearly faster.")
 
 
 @dataclass(frozen=True)

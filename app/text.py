@@ -16,14 +16,15 @@ from functools import cache
 from pathlib import Path
 
 from decoding.assets import ASSETS_DIR
-from decoding.stats import rest_of_round_cost, round_cost, verify_cost
+from decoding.measure import busy_note
+from decoding.race import PLAIN, RaceResult
+from decoding.stats import Timing, rest_of_round_cost, round_cost, speedup, verify_cost
 from decoding.trace import CostCurve, RunTrace
 
 from .charts import acceptance_by_depth
 from .drafter_costs import drafter_comparison
 from .eagle_views import NO_ACCURACY, GuessingAccuracy, after_medusa_values
 from .models import heads_recipe
-from .race import PLAIN, RaceResult
 from .tokens import md_code, md_text
 from .tree_layout import leaf_count
 
@@ -99,6 +100,7 @@ def run_values(run: RunTrace) -> dict[str, str]:
         "new_tokens": str(len(run.tokens)),
         "passes": str(run.forward_passes),
         "rounds": str(len(run.rounds)),
+        "round_tokens": str(sum(r.accepted_length for r in run.rounds)),
         "mean_accepted": f"{run.mean_accepted:.2f}",
         "ar_passes": str(len(run.tokens)),
         "saved_passes": str(len(run.tokens) - run.forward_passes),
@@ -109,7 +111,7 @@ def run_values(run: RunTrace) -> dict[str, str]:
     if run.tree is not None:
         tree = run.tree
         values |= {
-            "tree_name": md_code(tree.name),
+            "tree_name": f"*{md_text(tree.name)}*",  # a name, not a token: spaces stay spaces
             "tree_nodes": str(tree.size),
             "tree_candidates": str(leaf_count(tree.parents)),
             "tree_depth": str(max(tree.depths)),
@@ -126,30 +128,67 @@ def run_values(run: RunTrace) -> dict[str, str]:
             tree = run.round_tree(best)
             first_level = [n for n in range(tree.size) if tree.depths[n] == 1]
             values["best_head1_guesses"] = _quoted([best.node_texts[n] for n in first_level])
-    for depth, overall, _ in acceptance_by_depth(run)[:2]:
+    for depth, overall, reached in acceptance_by_depth(run)[:2]:
         values[f"head{depth}_rate"] = f"{overall:.0%}"
+        values[f"head{depth}_reached_rate"] = f"{reached:.0%}"
     return values
 
 
+def _divided(numerator: float, denominator: float) -> str:
+    """numerator ÷ denominator as the text writes it: of the two figures as printed (2 decimals),
+    so that a reader who divides them gets the printed result."""
+    shown = round(denominator, 2)
+    return f"{round(numerator, 2) / shown:.2f}" if shown else MISSING
+
+
+def medusa_race(race: RaceResult) -> dict[str, RunTrace]:
+    """The race whose Medusa speedup is the median: Learn reasons from this one race throughout,
+    so its figures divide into each other as written."""
+    return race.races[race.median_index("medusa")]
+
+
 def race_values(race: RaceResult) -> dict[str, str]:
-    """Numbers only measured races give: Medusa's time per round and its wall-clock speedup."""
-    ar, medusa = race.timing(PLAIN), race.timing("medusa")
+    """Numbers only measured races give, from Medusa's median race: its time per round, its
+    speedup, and the range over every race."""
+    shown = medusa_race(race)
+    ar, medusa = Timing.of(shown[PLAIN]), Timing.of(shown["medusa"])
     cost, verify, spread = round_cost(ar, medusa), verify_cost(ar, medusa), race.spread("medusa")
+    busy = busy_note(race.load, race.threads_before)
     return {
         "races": str(spread.count),
-        "ar_seconds": f"{ar.seconds:.2f}",
-        "medusa_seconds": f"{medusa.seconds:.2f}",
         "ar_ms_per_pass": _ms(ar.seconds_per_round),
         "medusa_ms_per_round": _ms(medusa.seconds_per_round),
         "race_tokens_per_pass": f"{medusa.tokens_per_pass:.2f}",
         "round_cost": f"{cost:.2f}",
-        "predicted_speedup": f"{medusa.tokens_per_pass / cost:.2f}" if cost else MISSING,
+        "predicted_speedup": _divided(medusa.tokens_per_pass, cost),
         "verify_cost": f"{verify:.2f}",
         "rest_cost": f"{rest_of_round_cost(ar, medusa):.2f}",
-        "ceiling_speedup": f"{medusa.tokens_per_pass / verify:.2f}" if verify else MISSING,
-        "speedup": f"{spread.median:.2f}",
+        "ceiling_speedup": _divided(medusa.tokens_per_pass, verify),
+        "speedup": f"{speedup(ar, medusa):.2f}",
         "speedup_range": f"{spread.low:.2f}–{spread.high:.2f}",
+        "race_busy": f" {busy}" if busy else "",
     }
+
+
+# The two step times of step 1 are told apart where they differ by more than this share.
+STEPS_DIFFER = 0.1
+
+
+def two_steps(curve: CostCurve | None, race: RaceResult | None) -> str:
+    """Why step 1's two step times differ, where they do: the curve's was timed when the model
+    loaded, on a made-up prefix; the race's over real answers, on the machine as it was then."""
+    if curve is None or race is None or PLAIN not in race.lanes:
+        return ""
+    step = Timing.of(medusa_race(race)[PLAIN] if "medusa" in race.lanes else race.shown[PLAIN]).seconds_per_round
+    if not step or abs(step / curve.step_seconds - 1) <= STEPS_DIFFER:
+        return ""
+    load = race.load
+    why = (f"other programs kept {load.others:.1f} of the {load.cores} cores busy while the race ran"
+           if load is not None and load.busy else
+           "the machine's load changed between the two, and the race's answer grows its cache with every token")
+    return (f" The curve above timed one step at {_ms(curve.step_seconds)} ms when the model loaded; the "
+            f"race's steps took {step / curve.step_seconds:.1f}× as long: {why}. Each figure here is divided "
+            "only by steps from its own measurement.")
 
 
 def measured_curve(run: RunTrace | None, race: RaceResult | None) -> CostCurve | None:
@@ -201,14 +240,16 @@ def walkthrough_run(run: RunTrace | None, race: RaceResult | None) -> RunTrace |
     if run is not None and run.settings.method == "medusa":
         return run
     if race is not None and "medusa" in race.lanes:
-        return race.shown["medusa"]
+        return medusa_race(race)["medusa"]
     return None
 
 
 def explainer_values(run: RunTrace | None, race: RaceResult | None,
                      accuracy: GuessingAccuracy = NO_ACCURACY) -> dict[str, str]:
     medusa = walkthrough_run(run, race)
-    values = run_values(medusa) if medusa is not None and medusa.tree is not None else {}
+    values = {"two_steps": "", "race_busy": ""}  # sentences said only where they apply
+    if medusa is not None and medusa.tree is not None:
+        values |= run_values(medusa)
     if race is not None and "medusa" in race.lanes:
         values |= race_values(race)
     values["drafter_comparison"] = drafter_comparison(race)
@@ -217,7 +258,8 @@ def explainer_values(run: RunTrace | None, race: RaceResult | None,
     if run is None and race is None:
         values |= {"cost_curve": "Press **Run** to see what a pass costs on this machine.", "curve_tree_cost": ""}
     else:
-        values |= curve_values(measured_curve(run, race), tree_nodes)
+        curve = measured_curve(run, race)
+        values |= curve_values(curve, tree_nodes) | {"two_steps": two_steps(curve, race)}
     return values
 
 

@@ -60,21 +60,28 @@ def md_text(text: str) -> str:
     return _MARKDOWN_SPECIAL.sub(r"\\\1", html.escape(one_line, quote=False))
 
 
-def _token_span(text: str, depth: int, method: str) -> str:
+def _token_span(text: str, depth: int, method: str, end: bool = False) -> str:
     """One token: coloured by who produced it (depth 0 = the base model, d = the drafter's
-    guess d places after the root: Medusa's head d, the draft model's d-th step, a copy)."""
+    guess d places after the root: Medusa's head d, the draft model's d-th step, a copy). The
+    model's end-of-text token (`end`) is a marker, not text: its raw name (`<|im_end|>`) means
+    nothing to a reader, and the hover gives it."""
     colour = head_colour(depth)
     kind = "base model" if depth == 0 else f"{guess_name(method, depth)} guess, accepted"
+    shown = html.escape(text)
+    if end:
+        kind, shown = f"{kind}: the model's end-of-text token {html.escape(text)}", "⏹ end of text"
     return (
-        f'<span class="tok {"tok-base" if depth == 0 else "tok-guess"}" '
-        f'style="--tok:{colour}" title="{kind}">{html.escape(text)}</span>'
+        f'<span class="tok {"tok-base" if depth == 0 else "tok-guess"}{" tok-end" if end else ""}" '
+        f'style="--tok:{colour}" title="{kind}">{shown}</span>'
     )
 
 
-def _pass_span(rnd: RoundTrace, current: int | None, method: str) -> str:
-    """One round's tokens in a box; `data-round` lets a click on it select that round."""
+def _pass_span(rnd: RoundTrace, current: int | None, method: str, ends: bool = False) -> str:
+    """One round's tokens in a box; `data-round` lets a click on it select that round; `ends`:
+    its last token is the model's end of text."""
     guessed = sum(rnd.emitted_from_drafter)
-    spans = "".join(_token_span(text, depth + 1 if from_head else 0, method)
+    last = len(rnd.emitted_texts) - 1
+    spans = "".join(_token_span(text, depth + 1 if from_head else 0, method, end=ends and depth == last)
                     for depth, (text, from_head) in enumerate(zip(rnd.emitted_texts, rnd.emitted_from_drafter,
                                                                   strict=True)))
     title = f"round {rnd.index + 1}: {rnd.accepted_length} token(s), {guessed} from {who_guessed(method)}"
@@ -94,13 +101,14 @@ def stream_html(trace: RunTrace | None, until: float | None = None, show_prompt:
     parts, method = [], trace.settings.method
     if show_prompt:
         parts.append(f'<span class="prompt">{html.escape(trace.prompt)}</span>')
+    ended = trace.stop_reason == "eos"  # then the run's last token is the model's end of text
     if trace.prefill_token is not None and (until is None or trace.time_prefill <= until):
         parts.append('<span class="pass" title="prefill pass: the base model reads the prompt">'
-                     f"{_token_span(trace.prefill_text, 0, method)}</span>")
+                     f"{_token_span(trace.prefill_text, 0, method, end=ended and not trace.rounds)}</span>")
     for end, rnd in zip(round_end_times(trace), trace.rounds, strict=True):
         if until is not None and end > until:
             break
-        parts.append(_pass_span(rnd, current, method))
+        parts.append(_pass_span(rnd, current, method, ends=ended and rnd is trace.rounds[-1]))
     if caret:
         parts.append('<span class="caret">▍</span>')
     return f'<div class="stream">{"".join(parts)}</div>'

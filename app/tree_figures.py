@@ -324,7 +324,10 @@ def _mask_hover(tree: TreeTrace, tokens: list[str], row: int, col: int) -> str:
     if tree.mask[row][col]:
         why = "the root" if col == 0 else "its ancestor"
         return f"node {row} '{tokens[row]}' sees node {col} '{tokens[col]}': {why}"
-    return f"node {row} '{tokens[row]}' cannot see node {col} '{tokens[col]}': another branch"
+    # Blocked: either col comes after row on row's own branch (row is its ancestor), or it is on
+    # another branch. Both are hidden, for different reasons.
+    why = "it comes later, below it on its own branch" if tree.mask[col][row] else "another branch"
+    return f"node {row} '{tokens[row]}' cannot see node {col} '{tokens[col]}': {why}"
 
 
 # Short enough for the narrowest mask column (a phone, or the laptop's half row).
@@ -359,8 +362,10 @@ def mask_figure(tree: TreeTrace, rnd: RoundTrace, look: Look = LAPTOP) -> go.Fig
         title=dict(text=f"Attention mask · round {rnd.index + 1}", x=0.01, y=0.99, font=dict(size=look.font(15))),
         dragmode=look.dragmode,
     )
+    # Under the square's own left edge ("x domain"): the square is centred in a wide column, and
+    # the column's left edge ("paper") left the key far from the cells it explains.
     fig.add_annotation(text=MASK_KEY, showarrow=False,
-                       x=0, y=-0.01, xref="paper", yref="paper", xanchor="left", yanchor="top",
+                       x=0, y=-0.01, xref="x domain", yref="paper", xanchor="left", yanchor="top",
                        font=dict(size=look.font(11)))
     fig = base_layout(fig, height=mask_height(tree, look), look=look, uirevision=f"mask-{tree.name}-{n}")
     fig.update_layout(margin=dict(l=10, r=10, t=round(70 * look.scale), b=round(30 * look.scale)))

@@ -12,17 +12,19 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 
 from decoding import available_drafters
+from decoding.cost_curve import NOISY_SPREAD
 from decoding.limits import PAGE_LIMITS
 from decoding.model import LoadedModel
+from decoding.race import RaceResult
 from decoding.stats import round_cost, round_end_times, verify_cost
 from decoding.trace import RoundTrace, RunTrace
+from decoding.tree_choice import choose_tree
 
 from . import charts, eagle_views, lanes
 from .eagle_figures import guessing_figure, round_tree_figure
 from .eagle_views import NO_ACCURACY, GuessingAccuracy
 from .figure_style import LAPTOP, Look, message_figure
 from .models import describe
-from .race import RaceResult
 from .text import measured_curve, walkthrough_run
 from .tokens import legend_html, md_code, md_text, stream_html
 from .tree_figures import mask_figure
@@ -37,7 +39,23 @@ def model_card(model: LoadedModel) -> str:
     drafters = ", ".join(label for label, _ in lanes.choices(available_drafters(model), short=True))
     return (f"**{md_text(describe(model.name))}** · {model.num_heads} heads · {model.device} · "
             f"{str(model.dtype).removeprefix('torch.')} · context {model.context_length} tokens · "
-            f"guesses from: {drafters}")
+            f"guesses from: {drafters}{expectation(model)}")
+
+
+def expectation(model: LoadedModel) -> str:
+    """What Medusa can show on this model and machine, before anything runs: the tokens a pass its
+    heads' held-out accuracy promises, over what a pass of the tree chosen by it costs here
+    (measured when the model loaded). Empty where either was not measured."""
+    if model.head_accuracy is None or model.cost_curve is None:
+        return ""
+    curve = model.cost_curve
+    choice = choose_tree(model.head_accuracy, curve)
+    noisy = (f"; the machine was busy then, its repeats {curve.spread:.0%} apart, so this is rough"
+             if curve.spread > NOISY_SPREAD else "")
+    return (f"  \n**What to expect here:** Medusa's heads guess about {choice.expected_tokens:.2f} tokens a pass "
+            f"(their held-out accuracy), and a round over its {choice.nodes + 1}-node tree costs "
+            f"{choice.pass_cost + choice.draft_cost:.2f} one-token steps on this machine (measured when the model "
+            f"loaded{noisy}): about **{choice.estimated_speedup:.2f}× at best**, before the noise of a real run.")
 
 
 # ----------------------------------------------------------------------------- the playground
@@ -61,15 +79,18 @@ def run_summary(trace: RunTrace, first_round_after: float | None = None) -> str:
     tokens = len(trace.tokens)
     draft_passes = sum(rnd.draft_passes for rnd in trace.rounds)
     drafter = "EAGLE's draft layer" if trace.settings.method == lanes.EAGLE else "the draft model"
-    own = f" + {draft_passes} passes of {drafter}" if draft_passes else ""
+    # The drafter's own passes are passes of a smaller network: counted apart, never added in.
+    own = f", and {draft_passes} passes of {drafter}" if draft_passes else ""
+    added = sum(rnd.accepted_length for rnd in trace.rounds)
+    first = tokens - added  # the prefill's token (0 where a round's tokens were all that was kept)
     if finished(trace):
         timing = f"{trace.total_time:.2f} s measured ({trace.tokens_per_second:.0f} tokens/s)"
     else:  # the total is only read at the end: until then, the clock at the last round
         so_far = round_end_times(trace)[-1]
         timing = f"{so_far:.2f} s so far" + (f" ({tokens / so_far:.0f} tokens/s)" if so_far > 0 else "")
-    return (f"{lanes.title(trace.settings.method)} · **{tokens} tokens in {trace.forward_passes} passes** "
-            f"(1 prefill + {len(trace.rounds)} rounds{own}) · "
-            f"**{trace.mean_accepted:.2f} tokens per pass** · {timing} · {state}{latency}")
+    return (f"{lanes.title(trace.settings.method)} · **{tokens} tokens in {trace.forward_passes} passes "
+            f"of the model**{own}: {first} from the prefill + {added} from {len(trace.rounds)} rounds, "
+            f"**{trace.mean_accepted:.2f} tokens per round** · {timing} · {state}{latency}")
 
 
 def refusal_text(error: Exception, what: str = "run", earlier: bool = False) -> str:

@@ -2,8 +2,10 @@
 
 Machines are noisy, so nothing is compared across runs: after a warm-up, every prompt is decoded
 by plain (AR) decoding and by every lane (a drafter with its settings: Medusa with each tree asked
-for, EAGLE, a draft model, prompt lookup), with and without detailed tracing, in alternating order, and
-the ratios come from totals gathered in the same minutes. Every figure (speedup, round cost and its
+for, EAGLE, a draft model, prompt lookup), with and without detailed tracing, in alternating order, as
+one heat of `measure.py` (the page's race measures with the same function), and the ratios come
+from totals gathered in the same minutes. A machine other programs kept busy meanwhile is named
+in the report. Every figure (speedup, round cost and its
 parts, trace cost) is computed by `stats.py`, the definitions the page uses, so the table and the
 page print the same numbers under the same names.
 
@@ -27,6 +29,7 @@ from transformers import GenerationConfig, PreTrainedModel
 from .drafters import check_settings, drafter_class, make_drafter
 from .dynamic_tree import DYNAMIC_TREE
 from .loops import encode_prompt, generate
+from .measure import MachineLoad, busy_note, combined, run_heat, timed_run
 from .model import LoadedModel, padding_id
 from .settings import DEFAULT_METHOD, PLAIN, WARM_UP_TOKENS, DecodeSettings
 from .stats import Timing, recording_overhead, rest_of_round_cost, round_cost, speedup, verify_cost
@@ -207,25 +210,30 @@ def run_bench(lm: LoadedModel, prompts: list[str], settings: DecodeSettings, tre
         transformers_generate(lm, prompts[0], warm_tokens, library.options)
 
     ar_runs: list[RunTrace] = []
+    loads: list[MachineLoad] = []
     for i, prompt in enumerate(tqdm(prompts, desc="bench", disable=not progress)):
+        plan = {"ar": ar_settings}
+        for n, lane in enumerate(lanes):
+            plan[f"{n} traced"] = lane.settings
+            plan[f"{n} untraced"] = replace(lane.settings, detailed_trace=False)
+        names = list(plan)
         # Alternate the order so neither plain decoding nor the lanes always run on a warmer machine.
-        plan = ["ar", "lanes"] if i % 2 == 0 else ["lanes", "ar"]
-        for step in plan:
-            if step == "ar":
-                ar_trace = generate(lm, prompt, ar_settings)
-                ar_runs.append(ar_trace)
-                if float32_model is not None:
-                    float32_runs.append(generate(float32_model, prompt, ar_settings))
-                if plain_library is not None:
-                    plain_library.run(lm, prompt, settings.max_new_tokens, ar_trace.tokens)
-                continue
-            for lane in lanes:
-                lane.traced.append(generate(lm, prompt, lane.settings))
-                lane.untraced.append(generate(lm, prompt, replace(lane.settings, detailed_trace=False)))
-                if lane.library is not None:
-                    lane.library.run(lm, prompt, settings.max_new_tokens, lane.traced[-1].tokens)
-        for lane in lanes:
+        heat = run_heat(lm, prompt, plan, names if i % 2 == 0 else names[1:] + names[:1])
+        loads.append(heat.load)
+        ar_trace = heat.runs["ar"]
+        ar_runs.append(ar_trace)
+        for n, lane in enumerate(lanes):
+            lane.traced.append(heat.runs[f"{n} traced"])
+            lane.untraced.append(heat.runs[f"{n} untraced"])
             lane.identical &= lane.traced[-1].tokens == ar_trace.tokens
+        # Other implementations beside each heat, not in it: their figures are their own.
+        if float32_model is not None:
+            float32_runs.append(timed_run(float32_model, prompt, ar_settings))
+        if plain_library is not None:
+            plain_library.run(lm, prompt, settings.max_new_tokens, ar_trace.tokens)
+        for lane in lanes:
+            if lane.library is not None:
+                lane.library.run(lm, prompt, settings.max_new_tokens, lane.traced[-1].tokens)
 
     ar = Timing.of(ar_runs)
     ar_float32 = Timing.of(float32_runs) if float32_runs else None
@@ -241,7 +249,7 @@ def run_bench(lm: LoadedModel, prompts: list[str], settings: DecodeSettings, tre
         "speedup": first["speedup"], "mean_accepted": first["mean_accepted"],
         "identical": first["identical"], "trace_overhead": first["trace_overhead"],
         "baseline": f"plain decoding in {'float32' if baseline is ar_float32 else dtype}",
-        "ar": method_figures(ar), "lanes": rows,
+        "ar": method_figures(ar), "lanes": rows, "load": combined(loads).to_dict(),
         **({"ar_float32": method_figures(ar_float32)} if ar_float32 else {}),
         **({"cost_curve": dataclasses.asdict(lm.cost_curve)} if lm.cost_curve else {}),
         **({"transformers_generate": plain_library.figures()} if plain_library is not None else {}),
@@ -266,6 +274,13 @@ def _library_lines(report: dict) -> list[str]:
                          f"our {row['label']} runs at {ours / peer['tokens_per_second']:.2f}x its speed; "
                          f"same tokens: {'yes' if peer['identical'] else 'NO'}")
     return lines
+
+
+def _load_lines(report: dict) -> list[str]:
+    """How busy the machine was while the bench measured, said where it was busy."""
+    load = report.get("load")
+    note = busy_note(MachineLoad(load["others"], load["cores"], load["threads"], load["seconds"])) if load else ""
+    return [f"⚠ {note}"] if note else []
 
 
 def _float32_lines(report: dict) -> list[str]:
@@ -296,6 +311,7 @@ def format_table(report: dict) -> str:
         *([report["dtype_reason"]] if report["dtype_reason"] else []),
         f"AR: {ar['tokens_per_second']:.1f} tok/s, {ar['forward_passes']} passes for {ar['tokens']} tokens, "
         f"{ar['seconds_per_round'] * 1e3:.2f} ms a step",
+        *_load_lines(report),
         *_float32_lines(report),
         *_curve_lines(report),
         *_library_lines(report),

@@ -63,9 +63,10 @@ def prompt_problem(prompt: object, limits: PageLimits = PAGE_LIMITS) -> str | No
 
 
 def max_new_tokens_problem(max_new_tokens: int, limits: PageLimits = PAGE_LIMITS) -> str | None:
-    if max_new_tokens <= limits.max_new_tokens:
+    """Why a run's token count is outside the page's one range (too few or too many alike), or None."""
+    if 1 <= max_new_tokens <= limits.max_new_tokens:
         return None
-    return f"max_new_tokens is {max_new_tokens}; this page writes at most {limits.max_new_tokens} tokens a run"
+    return f"max_new_tokens must be from 1 to {limits.max_new_tokens} on this page, not {max_new_tokens}"
 
 
 def page_problems(prompt: object, max_new_tokens: int, tree_paths: int | None,

@@ -135,11 +135,6 @@ class Spread:
     high: float
     count: int
 
-    @property
-    def crosses(self) -> bool:
-        """True when the range holds 1.0: faster in some measurements, slower in others."""
-        return self.low < 1.0 < self.high
-
 
 def spread(values: Iterable[float]) -> Spread:
     numbers = sorted(values)

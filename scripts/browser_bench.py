@@ -59,7 +59,7 @@ SET_TREE_WAIT = "(n) => document.querySelector('#tree-status')?.innerText.includ
 ENDED = """(before) => { const el = document.querySelector('#stream-box [data-ended]');
   return el && el.dataset.run !== before ? Number(el.dataset.ended) : null; }"""
 DRAWN = """() => { const summary = document.querySelector('#run-summary')?.innerText ?? '';
-  const rounds = summary.match(/\\+ (\\d+) rounds/); if (!rounds) return null;
+  const rounds = summary.match(/from (\\d+) rounds/); if (!rounds) return null;
   const title = (id) => document.querySelector(`#${id} .gtitle`)?.textContent ?? '';
   return title('tree-plot').startsWith(`Round ${rounds[1]} `) && title('mask-plot').endsWith(`round ${rounds[1]}`)
     ? new Promise((done) => requestAnimationFrame(() => done(Date.now() / 1000))) : null; }"""
@@ -94,7 +94,7 @@ WATCH = """() => { const seen = window.__seen = {summary: [], tree: [], mask: []
     if (window.__seen === seen) requestAnimationFrame(tick); };
   tick(); }"""
 BAR_DONE = """() => { const summary = document.querySelector('#run-summary')?.innerText ?? '';
-  const rounds = summary.match(/\\+ (\\d+) rounds/); if (!rounds || !summary.includes('stopped')) return null;
+  const rounds = summary.match(/from (\\d+) rounds/); if (!rounds || !summary.includes('stopped')) return null;
   const plot = document.querySelector('#mask-plot .js-plotly-plot');
   const title = plot?.querySelector('.gtitle')?.textContent ?? '';
   if (!title.endsWith(`round ${rounds[1]}`) || plot.data?.[0]?.z?.length !== 64) return null;

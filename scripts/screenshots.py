@@ -38,6 +38,8 @@ LAPTOP = {"width": 1280, "height": 800}
 PROJECTOR = {"width": 1920, "height": 1080}
 SMALL_PROJECTOR = {"width": 1280, "height": 720}
 PHONE = {"width": 390, "height": 844}
+# SmolLM2's load, self-test, cost curve and warm-up took over 2 minutes on a busy 2-core machine.
+STARTUP_SECONDS = 600
 # Prompts whose answers copy them, where prompt lookup shines: prose to continue, or a chat request.
 COPY_PROMPTS = {"austen": ("Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday. "
                            "Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday. Monday,")}
@@ -128,7 +130,13 @@ def run_race(page, races: int | None = None, timeout_ms: int = 300_000) -> str:
         count = page.locator("#race-count input[type=number]")
         count.fill(str(races))
         count.press("Enter")
+    # The Race tab may never have been opened: its verdict is then not in the page yet.
+    before = page.evaluate("document.querySelector('#race-summary')?.innerText ?? ''")
     page.click("#race-button")
+    # A new race: its first frame replaces the last race's status and clears its verdict.
+    page.wait_for_function(
+        """(before) => !document.querySelector('#race-status')?.innerText.includes('Done')
+             || document.querySelector('#race-summary')?.innerText !== before""", arg=before, timeout=timeout_ms)
     page.wait_for_function(
         "document.querySelector('#race-status')?.innerText.includes('Done')", timeout=timeout_ms)
     return page.locator("#race-summary").inner_text()
@@ -198,7 +206,11 @@ def photograph_drafters(page, url: str, folder: Path, prompt: str | None, copy_p
     a prompt-lookup round on a copy-heavy prompt, and the walkthrough's measured comparison."""
     open_app(page, url)
     run_prompt(page, prompt)
-    print(run_race(page))
+    open_tab(page, "Race")
+    lanes = page.locator("#race-lanes-picker input[type=checkbox]")
+    for i in range(lanes.count()):  # every drafter the model offers, EAGLE included
+        lanes.nth(i).check()
+    print(run_race(page, timeout_ms=900_000))
     page.evaluate("document.getElementById('race-summary').scrollIntoView({block: 'start'})")
     page.wait_for_timeout(800)
     shots = [shoot(page, folder / "11-race-lanes.png", full_page=False)]
@@ -218,8 +230,8 @@ def photograph_drafters(page, url: str, folder: Path, prompt: str | None, copy_p
     return shots + [shoot(page, folder / "14-prompt-lookup-round.png", full_page=False)]
 
 
-def photograph_projector(page, url: str, path: Path, prompt: str | None, tree: str | None) -> Path:
-    """Projector mode on the given screen, after a run on the given tree preset."""
+def photograph_projector(page, url: str, path: Path, prompt: str | None, tree: str | None) -> list[Path]:
+    """Projector mode on the given screen, after a run on the given tree preset; then Learn."""
     open_app(page, url)
     if tree:
         set_tree(page, tree)
@@ -227,7 +239,11 @@ def photograph_projector(page, url: str, path: Path, prompt: str | None, tree: s
     page.wait_for_timeout(800)
     run_prompt(page, prompt)
     page.wait_for_timeout(1000)
-    return shoot(page, path, full_page=False)
+    shot = shoot(page, path, full_page=False)
+    open_tab(page, "Learn")  # the step bar at its ends, and the first step's figure, in large type
+    page.evaluate("document.getElementById('results').scrollIntoView({block: 'start'})")
+    page.wait_for_timeout(600)
+    return [shot, shoot(page, path.with_name(path.stem + "-learn.png"), full_page=False)]
 
 
 def photograph_phone(page, url: str, folder: Path, prompt: str | None) -> list[Path]:
@@ -252,17 +268,16 @@ def main() -> None:
     args = parser.parse_args()
     drafters_model = args.drafters_model or args.model
     copy_prompt = args.copy_prompt or COPY_PROMPTS.get(drafters_model, COPY_REQUEST)
-    with running_app(drafters_model) as url, sync_playwright() as playwright:
+    with running_app(drafters_model, timeout=STARTUP_SECONDS) as url, sync_playwright() as playwright:
         with browser_page(playwright, LAPTOP) as page:
             shots = photograph_drafters(page, url, args.out, args.prompt, copy_prompt)
-    with running_app(args.model) as url, sync_playwright() as playwright:
+    with running_app(args.model, timeout=STARTUP_SECONDS) as url, sync_playwright() as playwright:
         with browser_page(playwright, LAPTOP) as page:
             shots += photograph_laptop(page, url, args.out, args.prompt)
         with browser_page(playwright, PROJECTOR) as page:
-            shots.append(photograph_projector(page, url, args.out / "06-projector-1920.png", args.prompt,
-                                              args.big_tree))
+            shots += photograph_projector(page, url, args.out / "06-projector-1920.png", args.prompt, args.big_tree)
         with browser_page(playwright, SMALL_PROJECTOR) as page:
-            shots.append(photograph_projector(page, url, args.out / "07-projector-1280x720.png", args.prompt, None))
+            shots += photograph_projector(page, url, args.out / "07-projector-1280x720.png", args.prompt, None)
         with browser_page(playwright, PHONE) as page:
             shots += photograph_phone(page, url, args.out, args.prompt)
     for path in shots:

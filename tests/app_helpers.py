@@ -9,8 +9,9 @@ acceptance requires.
 from __future__ import annotations
 
 import random
+import re
 
-from app.race import RaceResult
+from decoding.race import RaceResult
 from decoding.trace import DraftedTree, DrafterInfo, RoundTrace, RunSettings, RunTrace, TreeTrace
 
 WORDS = [" the", " of", " and", " to", " a", " her", " was", " in", " it", " she", " not", " be",
@@ -200,3 +201,16 @@ def make_eagle_run(rounds: list[tuple[int, int]], seed: int = 0) -> RunTrace:
         t, root = rnd.t_end, rnd.emitted_tokens[-1]
     trace.stop_reason, trace.total_time = "max_new_tokens", t
     return trace
+
+
+SUMMARY_NUMBERS = re.compile(r"(\d+) tokens in (\d+) passes of the model(?:, and (\d+) passes of [^:]+)?: "
+                             r"(\d+) from the prefill \+ (\d+) from (\d+) rounds, ([\d.]+) tokens per round")
+
+
+def summary_arithmetic_holds(summary: str) -> bool:
+    """The run summary's numbers add up as written (as Markdown or as the page shows it): tokens =
+    the prefill's + the rounds', passes = 1 + rounds, tokens per round = the rounds' tokens / rounds
+    as printed."""
+    tokens, passes, _, first, added, rounds, per_round = SUMMARY_NUMBERS.search(summary.replace("**", "")).groups()
+    return (int(tokens) == int(first) + int(added) and int(passes) == 1 + int(rounds)
+            and per_round == f"{int(added) / int(rounds):.2f}")

@@ -369,9 +369,20 @@ def test_a_ten_thousand_node_tree_and_a_long_prompt_are_refused_at_once_and_othe
     assert len(client.predict("Mr. Bingley", 4, api_name="/trace")["tokens"]) == 4
 
 
-def test_the_trace_endpoint_writes_at_most_the_pages_tokens(client):
-    with pytest.raises(Exception, match="max_new_tokens is 1000; this page writes at most 256"):
-        client.predict("It is", 1000, api_name="/trace")
+def test_too_few_and_too_many_tokens_get_one_limit_in_one_message_and_one_log_line(client, capfd, caplog):
+    messages = []
+    for tokens in (-5, 0, 10**9):
+        capfd.readouterr()
+        caplog.clear()
+        with pytest.raises(Exception) as refused:
+            client.predict("It is", tokens, api_name="/trace")
+        messages.append(str(refused.value).replace(str(tokens), "N"))
+        time.sleep(0.2)  # the server logs as it sends the refusal
+        printed = capfd.readouterr()
+        assert "Traceback" not in printed.out + printed.err
+        assert [record.getMessage() for record in caplog.records if "refused" in record.getMessage()] == [
+            f"refused: max_new_tokens must be from 1 to {PAGE_LIMITS.max_new_tokens} on this page, not {tokens}"]
+    assert len(set(messages)) == 1 and f"from 1 to {PAGE_LIMITS.max_new_tokens}" in messages[0]
 
 
 def test_the_page_refuses_a_huge_tree_before_building_it(model, monkeypatch):

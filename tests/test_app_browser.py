@@ -375,3 +375,59 @@ def test_a_code_example_is_one_pick_away_and_switches_to_the_code_model(page):
         "document.querySelector('#model-card')?.innerText.startsWith('stdlib')", timeout=60_000)
     run_prompt(page)
     assert page.locator("#stream-box .tok").count() >= 8
+
+
+# ----- issue 28: words and numbers that agree -----
+
+def mask_hover(page, row: int, col: int) -> str:
+    """The mask's hover text over cell (row, col), as a visitor's pointer brings it up."""
+    size = page.evaluate("document.querySelector('#mask-plot .js-plotly-plot').data[0].z.length")
+    box = page.locator("#mask-plot .nsewdrag").first.bounding_box()
+    page.mouse.move(box["x"] + (col + 0.5) * box["width"] / size, box["y"] + (row + 0.5) * box["height"] / size)
+    label = page.locator("#mask-plot .hovertext")
+    label.first.wait_for(timeout=5_000)
+    return label.first.text_content()
+
+
+def test_the_masks_hover_says_why_and_the_summary_adds_up(page):
+    # Node 1 = [0] and node 2 = [1] are siblings under the root; node 3 = [0, 0] is node 1's child.
+    page.locator("#tree-json .cm-content").fill("[[0], [1], [0, 0]]")
+    page.wait_for_timeout(1500)  # the editor's text reaches the server with the next event
+    run_prompt(page, "It is a truth universally acknowledged")
+    assert plot_title(page, "mask-plot").startswith("Attention mask")
+    assert page.evaluate("document.querySelector('#mask-plot .js-plotly-plot').data[0].z.length") == 4
+    from app_helpers import summary_arithmetic_holds
+
+    assert summary_arithmetic_holds(page.locator("#run-summary").inner_text())
+    page.locator("#mask-plot").scroll_into_view_if_needed()
+    assert mask_hover(page, 0, 1).endswith("comes later, below it on its own branch")
+    assert mask_hover(page, 1, 3).endswith("comes later, below it on its own branch")
+    assert mask_hover(page, 1, 2).endswith("another branch")
+    assert mask_hover(page, 3, 2).endswith("another branch")
+    assert mask_hover(page, 3, 1).endswith("its ancestor") and mask_hover(page, 2, 0).endswith("the root")
+
+
+def test_a_race_on_a_busy_machine_says_so_beside_its_figure(page):
+    """Programs keep every core busy while the race measures: the page must say so beside its
+    headline speedup, not present the figure as the method's speed."""
+    import subprocess
+    import sys
+
+    tokens = page.locator("#max-new-tokens input[type=number]")
+    tokens.fill("256")  # long enough runs for the kernel's CPU accounting (10 ms ticks) to be read
+    tokens.press("Enter")
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        run_race(page, races=2)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    notice = page.locator("#race-summary .busy-note")
+    assert notice.count() == 1 and "Measured on a busy machine" in notice.inner_text()
+    assert re.search(r"kept \d\.\d of its \d+ cores busy", notice.inner_text())
+    # Beside the figure: right under the headline speedup, above the lanes' table.
+    headline = page.locator("#race-summary p", has_text="× the speed of plain decoding")
+    head, note, table = (locator.first.bounding_box() for locator in
+                         (headline, notice, page.locator("#race-summary table")))
+    assert head["y"] + head["height"] <= note["y"] < table["y"]

@@ -38,7 +38,7 @@ def test_a_draft_model_round_names_the_drafter_its_passes_and_its_draft_time(dra
     info = views.round_info(draft, 0)
     assert "(Draft model)" in info and "wrote 4 guess(es) in **4 passes** of its own (**1.0 ms**)" in info
     assert "verified **5 tree nodes** (a chain)" in info and "4 from the draft model + 1 from the base" in info
-    assert "+ 12 passes of the draft model" in views.run_summary(draft)
+    assert "passes of the model**, and 12 passes of the draft model:" in views.run_summary(draft)
 
 
 def test_a_prompt_lookup_round_says_where_it_copied_from_or_that_nothing_matched(lookup):

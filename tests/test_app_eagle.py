@@ -16,10 +16,10 @@ from app.eagle_figures import CUT_SHOWN, drawn_draft, dynamic_tree_figure, guess
 from app.eagle_views import GuessingAccuracy, after_medusa_values
 from app.figure_style import Look
 from app.models import ModelCache
-from app.race import race
 from app.text import load_steps, render_steps
 from app.tree_figures import mask_figure
 from app_helpers import SMALL_CHOICES, make_ar_run, make_eagle_run, make_race, make_run
+from decoding.race import race
 from decoding.settings import DecodeSettings
 
 # Round 1 keeps 4 candidates and accepts node 3 (two guesses); round 2 keeps none; round 3 keeps
@@ -71,7 +71,7 @@ def test_a_round_says_what_the_draft_scored_expanded_and_kept(eagle):
     assert "expanding the 4 most confident, and kept the **4 most confident**" in info
     assert "verified **5 tree nodes**" in info and "accepted **2 guess(es)**" in info
     assert "kept **none**" in views.round_info(eagle, 1) and "the root alone" in views.round_info(eagle, 1)
-    assert "+ 9 passes of EAGLE's draft layer" in views.run_summary(eagle)
+    assert "passes of the model**, and 9 passes of EAGLE's draft layer:" in views.run_summary(eagle)
 
 
 def test_a_draft_that_stopped_after_one_level_says_so(eagle):

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import re
 
 import pytest
 
 from app import race_views, views
-from app.race import RaceFrame
 from app.text import MISSING, PLACEHOLDER, explainer_values, load_steps, load_text, render_steps
 from app.tokens import md_code, visible
-from app_helpers import SMALL_CHOICES, make_ar_run, make_race, make_run
+from app_helpers import SMALL_CHOICES, make_ar_run, make_race, make_run, summary_arithmetic_holds
+from decoding.race import RaceFrame
 from decoding.stats import round_end_times
 from decoding.trace import CostCurve
 
@@ -58,9 +59,10 @@ def test_a_run_that_stops_at_the_prefill_says_so_and_promises_no_tree():
     assert "stopped after the prefill" in view.tree.layout.annotations[0].text
 
 
-def test_summary_counts_tokens_and_passes(run):
+def test_summary_counts_tokens_and_passes_and_its_arithmetic_adds_up(run):
     summary = views.run_summary(run, first_round_after=0.5)
-    assert f"**{len(run.tokens)} tokens in {run.forward_passes} passes**" in summary
+    assert f"**{len(run.tokens)} tokens in {run.forward_passes} passes of the model**" in summary
+    assert summary_arithmetic_holds(summary)
     assert "reached Max new tokens" in summary and "0.50 s after Run" in summary
     assert views.round_label(run) == f"Round (of {len(run.rounds)})"
 
@@ -139,8 +141,34 @@ def test_explainer_is_filled_with_this_runs_and_races_numbers(run):
     assert f"**{run.forward_passes} passes produced {len(run.tokens)} tokens**" in speedup_step
     medusa_s = 0.01 + 3 * 0.0055
     speeds = sorted((0.01 + 8 * s) / medusa_s for s in (0.004, 0.005, 0.003))
-    assert f"median of **{speeds[1]:.2f}×** (range {speeds[0]:.2f}–{speeds[2]:.2f}×)" in speedup_step
+    assert f"that race measured **{speeds[1]:.2f}×**" in speedup_step
+    assert f"ranged {speeds[0]:.2f}–{speeds[2]:.2f}×" in speedup_step
     assert "verify pass alone cost 1.00 plain steps" in speedup_step
+    # Every figure of the step comes from one race, so they divide as written, and the measured
+    # speedup never beats the ceiling it is told against.
+    found = re.search(r"([\d.]+) ÷ ([\d.]+) ≈\s+([\d.]+)×; that race measured \*\*([\d.]+)×.*?"
+                      r"could not beat ([\d.]+) ÷ ([\d.]+) ≈ \*\*([\d.]+)×", speedup_step, re.S)
+    per_round, cost, predicted, measured, per_round_again, verify, ceiling = found.groups()
+    assert per_round == per_round_again and predicted == f"{float(per_round) / float(cost):.2f}"
+    assert ceiling == f"{float(per_round) / float(verify):.2f}" and float(measured) <= float(ceiling)
+
+
+def test_step_one_says_why_its_two_step_times_differ_and_a_busy_race_says_so(run):
+    from decoding.measure import MachineLoad
+
+    race = _race(run, 0.004, 0.005, 0.003)
+    curve = CostCurve(sizes=[1, 2], costs=[1.0, 1.1], step_seconds=0.002, device="cpu", dtype="float32",
+                      threads=2, past=128, measured_at="now", draft_cost=0.0)
+    run.cost_curve = curve
+    quiet = render_steps(load_steps(), run, race)
+    assert "took 2.0× as long" in quiet[0] and "busy" not in quiet[0] + quiet[5]
+    race.loads = [MachineLoad(1.0, 2, 1, 3.0)] * 3
+    race.threads_before = 2
+    busy = render_steps(load_steps(), run, race)
+    assert "other programs kept 1.0 of the 2 cores busy while the race ran" in busy[0]
+    assert "Measured on a busy machine" in busy[5] and "1 thread instead of 2" in busy[5]
+    run.cost_curve = dataclasses.replace(curve, step_seconds=0.0041)  # within 10%: one figure, nothing to explain
+    assert "as long" not in render_steps(load_steps(), run, race)[0]
 
 
 def test_explainer_before_any_run_shows_dashes_not_placeholders():
@@ -181,16 +209,25 @@ def test_race_status_says_which_race_lane_and_place_in_the_order_is_running():
     assert "warming up 3 lanes" in race_views.race_status(RaceFrame("warm-up", 3, lanes)).lower()
 
 
-def test_race_status_shows_each_lanes_progress_and_the_time_left():
+def test_race_status_shows_each_lanes_progress_the_time_left_and_who_leads():
     lanes = ["ar", "medusa"]
     first = race_views.race_status(RaceFrame("measuring", 3, lanes, 0, "ar", done={"ar": 0, "medusa": 0}))
-    assert "left" not in first  # nothing measured yet: no guess
+    assert "left" not in first and "leads" not in first  # nothing measured yet: no guess, no leader
     assert "Plain decoding ◐○○ · Medusa ○○○" in first
-    # Race 2 runs medusa first, then plain: 2 of 6 runs done in 10 s, so about 20 s for the other 4.
     status = race_views.race_status(RaceFrame("measuring", 3, lanes, 1, "medusa", done={"ar": 1, "medusa": 1},
-                                              elapsed=10.0))
+                                              left=20.4, leader="medusa", lead=1.234))
     assert "run 3 of 6" in status and "about 20 s left" in status
     assert "Plain decoding ●○○ · Medusa ●◐○" in status
+    assert "So far (1 race): **Medusa** leads at 1.23×" in status
+
+
+def test_the_verdict_reads_its_range_as_printed(run):
+    """A slowest race of 0.998× prints as 1.00×: then no sentence may call every race slower."""
+    from decoding.stats import Spread
+
+    assert "slower" in race_views._range_caveat("Medusa", Spread(0.9, 0.85, 0.994, 3))
+    caveat = race_views._range_caveat("Medusa", Spread(0.9, 0.85, 0.998, 3))
+    assert "slower" not in caveat.replace("slower in others", "") and "reaches 1.0×" in caveat
 
 
 def test_page_texts_live_in_assets():
@@ -291,3 +328,24 @@ def test_a_refusal_says_what_is_wrong_and_whether_the_figures_are_still_the_last
     assert "still your last run" in views.refusal_text(error, earlier=True)
     assert "still your last race" in views.refusal_text(error, "raced", earlier=True)
     assert "&lt;img" in views.refusal_text(ValueError("<img src=x>"))
+
+
+def test_near_run_the_page_says_what_this_machine_can_show_from_what_it_measured():
+    from types import SimpleNamespace
+
+    from decoding.tree_choice import choose_tree
+
+    curve = CostCurve(sizes=[1, 2, 4, 8], costs=[1.0, 1.05, 1.2, 1.6], step_seconds=0.05, device="cpu",
+                      dtype="float32", threads=2, past=128, measured_at="now", draft_cost=0.05)
+    accuracy = [[0.6, 0.1], [0.4, 0.05]]
+    model = SimpleNamespace(head_accuracy=accuracy, cost_curve=curve)
+    said = views.expectation(model)
+    choice = choose_tree(accuracy, curve)
+    assert f"about {choice.expected_tokens:.2f} tokens a pass" in said
+    assert f"{choice.pass_cost + choice.draft_cost:.2f} one-token steps" in said
+    assert f"**{choice.estimated_speedup:.2f}× at best**" in said
+    assert "busy" not in said
+    noisy = SimpleNamespace(head_accuracy=accuracy, cost_curve=dataclasses.replace(curve, spread=0.6))
+    assert "the machine was busy then, its repeats 60% apart" in views.expectation(noisy)
+    assert views.expectation(SimpleNamespace(head_accuracy=None, cost_curve=curve)) == ""
+    assert views.expectation(SimpleNamespace(head_accuracy=accuracy, cost_curve=None)) == ""

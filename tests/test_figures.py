@@ -310,3 +310,40 @@ def test_the_papers_64_node_mask_is_readable_at_1280x800():
     run = make_run(MC_SIM_7B_63, accepted_leaves=[40])
     key = mask_figure(run.tree, run.rounds[0]).layout.annotations[0].text
     assert len(re.sub("<[^>]+>", "", key)) <= 45  # fits under a 330 px square at 11 px
+
+
+def test_the_masks_hover_gives_each_cells_reason_from_the_trees_shape():
+    """Node 1 is node 0's child: node 0 cannot see it because it comes later on its own branch, not
+    because it is on another branch; siblings are on other branches; ancestors are seen."""
+    from app.tree_figures import mask_figure
+
+    run = make_run(SMALL_CHOICES, accepted_leaves=[3])
+    tree = run.round_tree(run.rounds[0])
+    hover = mask_figure(tree, run.rounds[0]).data[0].text
+    ancestors = {node: set() for node in range(tree.size)}
+    for node in range(1, tree.size):
+        parent = tree.parents[node]
+        ancestors[node] = {parent} | ancestors[parent]
+    for row in range(tree.size):
+        for col in range(tree.size):
+            text = hover[row][col]
+            if col == row:
+                assert text.endswith("sees itself")
+            elif col in ancestors[row]:
+                assert text.endswith("the root" if col == 0 else "its ancestor")
+            elif row in ancestors[col]:
+                assert text.endswith("it comes later, below it on its own branch"), (row, col, text)
+            else:
+                assert text.endswith("another branch"), (row, col, text)
+    assert hover[0][1].endswith("comes later, below it on its own branch")
+
+
+def test_the_end_of_text_token_is_a_marker_not_raw_text():
+    run = make_run(SMALL_CHOICES, accepted_leaves=[3, 0])
+    run.rounds[-1].emitted_texts[-1] = "<|im_end|>"
+    run.stop_reason = "eos"
+    html_out = stream_html(run)
+    assert "<|im_end|>" not in html_out and "&lt;|im_end|&gt;" in html_out  # in the hover only
+    assert html_out.count("tok-end") == 1 and "⏹ end of text" in html_out
+    run.stop_reason = "max_new_tokens"  # a token that only looks like it, mid-run, stays as it is
+    assert "tok-end" not in stream_html(run)

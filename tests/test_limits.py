@@ -81,6 +81,6 @@ def test_the_cli_runs_past_the_page_limits_but_warns(capsys, tiny_dirs):
     assert "warning: the tree has 131 nodes" in err and "the command line runs it" in err
     assert len(json.loads(out)["tree"]["parents"]) == 131
     assert main([*argv, "300", "--method", "ar"]) == 0
-    assert "warning: max_new_tokens is 300" in capsys.readouterr().err
+    assert "warning: max_new_tokens must be from 1 to 256 on this page, not 300" in capsys.readouterr().err
     assert main([*argv, "3"]) == 0
     assert "warning" not in capsys.readouterr().err

@@ -2,17 +2,20 @@
 
 How the timing is taken (the page says so too, from assets/texts/timing_note.md):
 1. warm-up: a short run of each lane, so none pays for first-call initialisation;
-2. `races` races; in each, every lane runs to the end alone on the hardware, in an order that
-   rotates from race to race (plain, Medusa, draft model; then Medusa, draft model, plain; ...),
-   so no lane always runs first, on a colder or a warmer machine. The clock is the engine's own:
-   it counts only time inside the decoding loop;
+2. `races` races; each is one heat of `decoding.measure`, the function `bench` measures with:
+   every lane runs to the end alone on the hardware, in an order that rotates from race to race
+   (plain, Medusa, draft model; then Medusa, draft model, plain; ...), so no lane always runs
+   first, on a colder or a warmer machine. The clock is the engine's own: it counts only time
+   inside the decoding loop. The warm-up also measures how busy the machine is; where other
+   programs hold cores, the races run on the threads the free cores allow, and every race
+   records the load it was measured under, so the page can say so beside the figure;
 3. each lane's speedup in a race is its tokens per second over plain decoding's in that same race
    (see `decoding.stats`); over the races, a median and a range per lane;
 4. the race whose speedup for the focus lane is that lane's median is replayed, every lane on
    one clock (sped up, every lane alike, to end within REPLAY_SECONDS).
-No two lanes ever run at the same moment, and the page is not redrawn while one runs: on a laptop
-the browser shares the CPU, and a lane measured while the page redraws would be measured under a
-load the others never had.
+No two lanes ever run at the same moment, and the page is not redrawn while one runs (only a
+status line changes between runs): on a laptop the browser shares the CPU, and a lane measured
+while the page redraws would be measured under a load the others never had.
 """
 
 from __future__ import annotations
@@ -22,15 +25,16 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from decoding.drafters import check_settings
-from decoding.errors import DecodingError
-from decoding.loops import generate
-from decoding.model import LoadedModel
-from decoding.settings import WARM_UP_TOKENS, DecodeSettings
-from decoding.stats import Spread, Timing, draft_cost, speedup, spread
-from decoding.trace import RunTrace
+import torch
 
-PLAIN = "ar"
+from .drafters import check_settings
+from .errors import DecodingError
+from .measure import LoadMeter, MachineLoad, combined, heat_steps, threads_for_load, timed_run
+from .model import LoadedModel
+from .settings import PLAIN, WARM_UP_TOKENS, DecodeSettings
+from .stats import Spread, Timing, draft_cost, speedup, spread
+from .trace import RunTrace
+
 REPLAY_STEP = 0.05  # seconds between frames of the replay
 REPLAY_SECONDS = 5.0  # a longer race is replayed faster, every lane at the same pace, to end in this time
 DEFAULT_RACES = 3
@@ -62,6 +66,15 @@ class RaceResult:
     lanes: list[str]  # plain decoding first, then the drafters
     focus: str  # the drafter whose median race is replayed and shown in the Playground
     races: list[dict[str, RunTrace]] = field(default_factory=list)
+    loads: list[MachineLoad] = field(default_factory=list)  # what else the machine ran, per race
+    # Torch threads the races ran on: fewer than the process's own where other programs held cores.
+    threads: int = 0
+    threads_before: int = 0  # the process's own
+
+    @property
+    def load(self) -> MachineLoad | None:
+        """The machine's load over every race (None before the first)."""
+        return combined(self.loads) if self.loads else None
 
     @property
     def drafters(self) -> list[str]:
@@ -83,12 +96,16 @@ class RaceResult:
         verify pass: the heads, the draft model's passes or the lookup)."""
         return draft_cost(self.timing(PLAIN), self.timing(lane))
 
-    @property
-    def shown_index(self) -> int:
-        """The race whose focus speedup is the median (the lower of the middle two for an even count)."""
-        speeds = self.speedups(self.focus)
+    def median_index(self, lane: str) -> int:
+        """The race whose speedup for `lane` is the median (the lower of the middle two for an even count)."""
+        speeds = self.speedups(lane)
         order = sorted(range(len(self.races)), key=lambda i: speeds[i])
         return order[(len(order) - 1) // 2]
+
+    @property
+    def shown_index(self) -> int:
+        """The race replayed: the focus drafter's median one."""
+        return self.median_index(self.focus)
 
     @property
     def shown(self) -> dict[str, RunTrace]:
@@ -125,10 +142,29 @@ class RaceFrame:
     done: dict[str, int] = field(default_factory=dict)  # runs measured so far, per lane
     elapsed: float = 0.0  # wall-clock seconds since the first measured run began
     pace: float = 1.0  # the replay's speed, in times real time
+    left: float | None = None  # about how many seconds the measuring and the replay still take
+    leader: str = ""  # the drafter with the highest median speedup over the races measured so far
+    lead: float = 0.0  # that median speedup
 
     @property
     def shown(self) -> dict[str, RunTrace]:
         return self.result.shown if self.result else {}
+
+
+def expected_seconds(trace: RunTrace, max_new_tokens: int) -> float:
+    """How long a run of `max_new_tokens` takes, from a shorter run of the same lane: its prefill,
+    then as many of its rounds as the tokens need at its rate of tokens per round."""
+    timing = Timing.of(trace)
+    if not timing.rounds:
+        return trace.total_time
+    rounds = max(0, max_new_tokens - 1) / max(timing.tokens_per_pass, 1.0)
+    return trace.time_prefill + rounds * timing.seconds_per_round
+
+
+def seconds_left(per_lane: dict[str, float], done: dict[str, int], races: int) -> float:
+    """The runs still to measure, each at its lane's expected time, and the replay after them."""
+    measuring = sum(seconds * (races - done.get(lane, 0)) for lane, seconds in per_lane.items())
+    return measuring + min(max(per_lane.values(), default=0.0), REPLAY_SECONDS)
 
 
 def race(model: LoadedModel, prompt: str, settings: DecodeSettings, drafters: list[str],
@@ -142,19 +178,31 @@ def race(model: LoadedModel, prompt: str, settings: DecodeSettings, drafters: li
     methods = {lane: check_settings(dataclasses.replace(settings, method=lane)) for lane in lanes}
 
     yield RaceFrame("warm-up", races, lanes)
-    for warm in methods.values():
-        generate(model, prompt, dataclasses.replace(warm, max_new_tokens=min(WARM_UP_TOKENS, settings.max_new_tokens)))
+    meter = LoadMeter()
+    warm_tokens = min(WARM_UP_TOKENS, settings.max_new_tokens)
+    warm = {lane: timed_run(model, prompt, dataclasses.replace(lane_settings, max_new_tokens=warm_tokens))
+            for lane, lane_settings in methods.items()}
+    threads = threads_for_load(meter.stop())
+    expected = {lane: expected_seconds(trace, settings.max_new_tokens) for lane, trace in warm.items()}
 
-    result = RaceResult(lanes, focus if focus in drafters else drafters[0])
+    result = RaceResult(lanes, focus if focus in drafters else drafters[0], threads=threads,
+                        threads_before=torch.get_num_threads())
     done, started = dict.fromkeys(lanes, 0), time.perf_counter()
     for index in range(races):
-        runs = {}
-        for lane in lane_order(lanes, index):
-            yield RaceFrame("measuring", races, lanes, index, lane, done=dict(done),
-                            elapsed=time.perf_counter() - started)
-            runs[lane] = generate(model, prompt, methods[lane])
-            done[lane] += 1
-        result.races.append(runs)
+        for heat in heat_steps(model, prompt, methods, lane_order(lanes, index), threads):
+            if heat.running is None:
+                break
+            if not result.races:  # until a race ends, a measured run beats the warm-up's guess
+                expected |= {lane: trace.total_time for lane, trace in heat.runs.items()}
+            leader = result.fastest() if result.races else ""
+            yield RaceFrame("measuring", races, lanes, index, heat.running, done=dict(done),
+                            elapsed=time.perf_counter() - started, left=seconds_left(expected, done, races),
+                            leader=leader, lead=result.spread(leader).median if leader else 0.0)
+            done[heat.running] += 1
+        result.races.append(heat.runs)
+        result.loads.append(heat.load)
+        expected = {lane: Timing.of([race[lane] for race in result.races]).seconds / len(result.races)
+                    for lane in lanes}
 
     end = max(trace.total_time for trace in result.shown.values())
     pace = replay_pace(end)

@@ -1,0 +1,190 @@
+"""One way of measuring a speedup, for `bench` and the page's race alike.
+
+A measurement is a *heat*: each of a few named runs (plain decoding, a drafter, the same drafter
+untraced, ...) once, alone, one after the other in a given order, on one prompt. `bench` runs a
+heat per prompt and the race one per race; both compute their figures from the heats' traces with
+`decoding.stats`, so the two report the same thing under the same names.
+
+What a timed run is kept free of:
+- consumers between its rounds: a run goes to its end inside `generate`, nobody is handed the
+  trace while its clock runs (a page that streamed each round would draw while measuring);
+- Python's garbage collector: a server process holds many objects (earlier traces, figures), so a
+  full collection there takes far longer than in `bench`'s small process; it runs before the run
+  instead of during it;
+- recording the page's details: its time is counted apart and left out (`stats.decoding_seconds`).
+
+What it cannot keep out is another program on the same cores. So each heat records the *load*:
+how many cores other programs kept busy meanwhile (from the kernel's CPU accounting, less this
+process's own time), and a figure measured on a busy machine says so. On this project's 2-core
+machine a neighbour holding one core made two torch threads fight over the other one; one thread
+kept the drafters ahead (docs/page-race.md has the measurements), so `threads_for_load` picks
+one thread then.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import os
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from .loops import generate
+from .model import LoadedModel
+from .settings import DecodeSettings
+from .trace import RunTrace
+
+# Other programs keeping at least this many cores busy on average make a machine "busy": half a
+# core taken steals a quarter of a 2-core machine, enough to move a speedup by more than bench's
+# run-to-run noise.
+BUSY_CORES = 0.5
+_STAT = "/proc/stat"
+
+
+def _busy_cpu_seconds() -> float | None:
+    """CPU seconds every core has spent busy since boot (all programs), or None where the kernel
+    does not say (not Linux)."""
+    try:
+        with open(_STAT, encoding="ascii") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle and waiting for I/O
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")  # guest time is already in user time
+
+
+def _own_cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+@dataclass(frozen=True)
+class MachineLoad:
+    """What else the machine ran while something was measured."""
+
+    others: float | None  # cores other programs kept busy, on average (None: not known here)
+    cores: int
+    threads: int  # torch threads the measured runs used
+    seconds: float  # how long the measuring took
+
+    @property
+    def busy(self) -> bool:
+        return self.others is not None and self.others >= BUSY_CORES
+
+    def to_dict(self) -> dict:
+        return {"others": self.others, "cores": self.cores, "threads": self.threads, "seconds": self.seconds,
+                "busy": self.busy}
+
+
+def busy_note(load: MachineLoad | None, threads_before: int | None = None) -> str:
+    """One sentence for a figure measured under `load`: empty on a quiet machine; on a busy one, how
+    busy, that the figure is not the method's speed on a quiet machine, and the threads it used
+    (`threads_before`: the process's own count, where the measurement used fewer)."""
+    if load is None or not load.busy:
+        return ""
+    fewer = (f"; it ran on {load.threads} thread{'s' if load.threads != 1 else ''} instead of {threads_before}, "
+             "so that its threads did not take turns on a shared core"
+             if threads_before and load.threads < threads_before else "")
+    return (f"Measured on a busy machine: other programs kept {load.others:.1f} of its {load.cores} cores busy "
+            f"while it measured{fewer}. Speedups measured so are lower and noisier than on a quiet machine.")
+
+
+def combined(loads: Sequence[MachineLoad]) -> MachineLoad:
+    """Several measurements' loads as one: other programs' cores averaged over the time measured."""
+    seconds = sum(load.seconds for load in loads)
+    known = [load for load in loads if load.others is not None]
+    others = (sum(load.others * load.seconds for load in known) / sum(load.seconds for load in known)
+              if known and sum(load.seconds for load in known) > 0 else None)
+    return MachineLoad(others, max((load.cores for load in loads), default=os.cpu_count() or 1),
+                       min((load.threads for load in loads), default=torch.get_num_threads()), seconds)
+
+
+class LoadMeter:
+    """Measures the machine's load between `start()` and `stop()`."""
+
+    def __init__(self) -> None:
+        self._start = (time.perf_counter(), _busy_cpu_seconds(), _own_cpu_seconds())
+
+    def stop(self) -> MachineLoad:
+        wall, busy, own = time.perf_counter(), _busy_cpu_seconds(), _own_cpu_seconds()
+        wall0, busy0, own0 = self._start
+        seconds = wall - wall0
+        others = None
+        if busy is not None and busy0 is not None and seconds > 0:
+            # Our own threads' time is taken out; what remains is everybody else's. Never negative:
+            # the two counters tick at slightly different moments.
+            others = max(0.0, ((busy - busy0) - (own - own0)) / seconds)
+        return MachineLoad(others, os.cpu_count() or 1, torch.get_num_threads(), seconds)
+
+
+def threads_for_load(load: MachineLoad) -> int:
+    """The torch threads to measure with on a machine under `load`: as many as now when it is quiet;
+    when other programs hold cores, no more threads than the cores they leave free (at least one),
+    so our own threads do not take turns on a shared core."""
+    threads = torch.get_num_threads()
+    if not load.busy or load.others is None:
+        return threads
+    return max(1, min(threads, int(load.cores - load.others + 0.5)))
+
+
+@contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """Run the block with `threads` torch threads, then put the number back."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def timed_run(lm: LoadedModel, prompt: str, settings: DecodeSettings, threads: int | None = None) -> RunTrace:
+    """One run to its end, timed on the engine's clock, with the garbage collector run before
+    it rather than during it; on `threads` torch threads if given. They are set here, in the
+    thread that runs it: a server may run each step of a generator in another thread of its pool,
+    and a thread that has run torch before keeps the count it started with."""
+    gc.collect()
+    gc.disable()
+    try:
+        with torch_threads(threads or torch.get_num_threads()):
+            return generate(lm, prompt, settings)
+    finally:
+        gc.enable()
+
+
+@dataclass
+class Heat:
+    """Each named run of one measurement so far, and, once all have run, the machine's load
+    while they ran."""
+
+    runs: dict[str, RunTrace] = field(default_factory=dict)
+    running: str | None = None  # the run about to start; None once the heat is over
+    load: MachineLoad | None = None
+
+
+def heat_steps(lm: LoadedModel, prompt: str, plan: dict[str, DecodeSettings],
+               order: Sequence[str], threads: int | None = None) -> Iterator[Heat]:
+    """Run each of `plan`'s settings once on `prompt`, alone, in `order` (every name in `plan`
+    once), on `threads` torch threads if given. Yields the heat before each run (`running` names
+    it: a page may say so while it waits) and once at the end, with the load. Nothing the
+    consumer does runs while a clock runs."""
+    if sorted(order) != sorted(plan):
+        raise ValueError(f"the order {list(order)} must name each run of the plan {list(plan)} once")
+    heat, meter = Heat(), LoadMeter()
+    for name in order:
+        heat.running = name
+        yield heat
+        heat.runs[name] = timed_run(lm, prompt, plan[name], threads)
+    heat.running, heat.load = None, dataclasses.replace(meter.stop(), threads=threads or torch.get_num_threads())
+    yield heat
+
+
+def run_heat(lm: LoadedModel, prompt: str, plan: dict[str, DecodeSettings], order: Sequence[str],
+             threads: int | None = None) -> Heat:
+    """`heat_steps` to its end: the finished heat."""
+    *_, heat = heat_steps(lm, prompt, plan, order, threads)
+    return heat

@@ -1,0 +1,155 @@
+"""Does the page's race measure what `bench` measures? And which thread count keeps the drafters
+ahead while another program holds a core? (issue 28; the figures are in docs/page-race.md)
+
+    python -m scripts.page_race --prompts PROMPTS.txt                 # the page's race vs bench
+    python -m scripts.page_race --prompts PROMPTS.txt --neighbour     # the same while a core is taken
+    python -m scripts.page_race --prompts PROMPTS.txt --threads-under-load
+
+The first starts the app on its default model (SmolLM2 where fetched), presses Race in Debian's
+Chromium on each prompt with the default lanes, and reads the page's Medusa speedup and whether it
+said the machine was busy; then it runs `python -m decoding bench` on the same prompts in a fresh
+process. `--neighbour` keeps one core busy (a Python loop) while the page races. The third,
+in one process and without the page, measures heats (`decoding.measure`, the function both use)
+with 2 threads and with 1, on a quiet machine and with a neighbour holding a core.
+Not a test: it prints what it measured, with the machine's load beside each figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from scripts.screenshots import LAPTOP, STARTUP_SECONDS, browser_page, open_app, running_app
+
+ROOT = Path(__file__).resolve().parent.parent
+HEADLINE = re.compile(r"Medusa: ([\d.]+)× the speed of plain decoding")
+
+
+@contextmanager
+def neighbour(on: bool = True) -> Iterator[None]:
+    """Another program holding one core (a busy Python loop) for the length of the block."""
+    if not on:
+        yield
+        return
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)
+        yield
+    finally:
+        hog.kill()
+        hog.wait()
+
+
+def page_races(prompts: list[str], busy: bool) -> list[dict]:
+    """The page's race on each prompt (default lanes and settings): its Medusa speedup and notice."""
+    from playwright.sync_api import sync_playwright
+
+    from scripts.screenshots import run_race
+
+    rows = []
+    with running_app(timeout=STARTUP_SECONDS) as url, sync_playwright() as playwright, \
+            browser_page(playwright, LAPTOP) as page:
+        open_app(page, url)
+        for prompt in prompts:
+            page.locator("#prompt textarea").fill(prompt)
+            with neighbour(busy):
+                started = time.perf_counter()
+                verdict = run_race(page, timeout_ms=600_000)
+                seconds = time.perf_counter() - started
+            match = HEADLINE.search(verdict)
+            notice = page.locator("#race-summary .busy-note")
+            rows.append({"prompt": prompt, "speedup": float(match.group(1)) if match else None,
+                         "busy_notice": notice.inner_text() if notice.count() else "", "seconds": seconds,
+                         "load": os.getloadavg()[0]})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def bench(prompts_file: Path, model: str) -> dict:
+    """`python -m decoding bench` on the prompts, in a fresh process, as a user would run it."""
+    out = subprocess.run([sys.executable, "-m", "decoding", "bench", "--model", model, "--prompts",
+                          str(prompts_file), "--max-new-tokens", "64", "--json"],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    report = json.loads(out[out.index("{"):])
+    return {"speedup": report["speedup"], "load": report.get("load"), "tree": report["lanes"][0]["tree"]}
+
+
+def threads_under_load(prompts: list[str], model: str, heats: int) -> None:
+    """Medusa against plain decoding, as heats of decoding.measure, with 2 threads and 1, quiet and
+    with a neighbour holding a core."""
+    import dataclasses
+
+    import torch
+
+    from decoding.drafters import adopt_auto_tree
+    from decoding.loading import load_model
+    from decoding.measure import combined, run_heat
+    from decoding.settings import DecodeSettings
+    from decoding.stats import Timing, speedup
+
+    before = torch.get_num_threads()
+    lm = load_model(model)
+    adopt_auto_tree(lm)
+    plan = {"ar": DecodeSettings(method="ar"), "medusa": DecodeSettings(tree=lm.default_tree)}
+    for name, settings in plan.items():  # warm-up
+        run_heat(lm, prompts[0], {name: dataclasses.replace(settings, max_new_tokens=8)}, [name])
+    for busy in (False, True):
+        with neighbour(busy):
+            results = {threads: [] for threads in (2, 1)}
+            for index in range(heats):  # the thread counts interleaved, heat by heat
+                for threads in (2, 1) if index % 2 == 0 else (1, 2):
+                    torch.set_num_threads(threads)
+                    prompt = prompts[index % len(prompts)]
+                    order = ["ar", "medusa"] if index % 2 == 0 else ["medusa", "ar"]
+                    results[threads].append(run_heat(lm, prompt, plan, order))
+                    heat = results[threads][-1]
+                    print(f"  heat {index + 1}, {threads} thread(s): speedup "
+                          f"{speedup(Timing.of(heat.runs['ar']), Timing.of(heat.runs['medusa'])):.2f}x, "
+                          f"others {heat.load.others:.2f} cores", flush=True)
+            for threads, measured in results.items():
+                ar = Timing.of(h.runs["ar"] for h in measured)
+                medusa = Timing.of(h.runs["medusa"] for h in measured)
+                per_heat = [speedup(Timing.of(h.runs["ar"]), Timing.of(h.runs["medusa"])) for h in measured]
+                load = combined([h.load for h in measured])
+                print(f"neighbour={busy} threads={threads}: plain {ar.tokens_per_second:.1f} tok/s, Medusa "
+                      f"{medusa.tokens_per_second:.1f} tok/s, speedup {speedup(ar, medusa):.2f}x (median per heat "
+                      f"{statistics.median(per_heat):.2f}x, range {min(per_heat):.2f}-{max(per_heat):.2f}), "
+                      f"{len(measured)} heats; other programs {load.others:.2f} of {load.cores} cores; "
+                      f"tree {lm.default_tree}", flush=True)
+    torch.set_num_threads(before)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=Path, required=True, help="one prompt per line")
+    parser.add_argument("--model", default="smollm2", help="bench's --model: the page's default model")
+    parser.add_argument("--neighbour", action="store_true", help="keep one core busy while the page races")
+    parser.add_argument("--threads-under-load", action="store_true", help="heats with 2 and 1 threads instead")
+    parser.add_argument("--heats", type=int, default=6, help="heats per thread count (--threads-under-load)")
+    args = parser.parse_args()
+    prompts = [line.strip() for line in args.prompts.read_text(encoding="utf-8").splitlines() if line.strip()]
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {os.cpu_count()} cores; load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    if args.threads_under_load:
+        threads_under_load(prompts, args.model, args.heats)
+        return
+    rows = page_races(prompts, args.neighbour)
+    measured = bench(args.prompts, args.model)
+    page = statistics.mean(row["speedup"] for row in rows if row["speedup"] is not None)
+    speeds = ", ".join(f"{row['speedup']:.2f}x" for row in rows)
+    print(f"page: {speeds} (mean {page:.2f}x); "
+          f"bench {measured['speedup']:.2f}x on {measured['tree']}, load {measured['load']}; "
+          f"page/bench {page / measured['speedup'] - 1:+.1%}; load average now {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
