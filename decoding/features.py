@@ -16,4 +16,6 @@ FINAL_STATE = (-1,)
 
 def chosen_states(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...]) -> torch.Tensor:
     """The states of `layers` for batch row 0, side by side: (T, len(layers) * H)."""
+    if len(layers) == 1:  # every round of Medusa and EAGLE-1: no copy
+        return hidden_states[layers[0]][0]
     return torch.cat([hidden_states[i][0] for i in layers], dim=-1)

@@ -189,10 +189,14 @@ class ContinuousBatcher:
         """(batch, seq, layers, hidden) float16, in the CPU's memory: the kept layers' states."""
         return torch.stack([hidden_states[i] for i in self.layers], dim=2).half().cpu()
 
-    def _take_token(self, row: _Row, logits: torch.Tensor, feature: torch.Tensor) -> int:
+    @staticmethod
+    def _top_k(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The best guesses of every row at once (rows, TOP_K_LOGITS), in the CPU's memory."""
+        top_logits, top_ids = logits.float().topk(TOP_K_LOGITS, dim=-1)
+        return top_logits.cpu(), top_ids.cpu()
+
+    def _take_token(self, row: _Row, top_logits: torch.Tensor, top_ids: torch.Tensor, feature: torch.Tensor) -> int:
         """Record the state and guesses at a row's newest position and append its greedy token."""
-        top_logits, top_ids = logits.float().topk(TOP_K_LOGITS)
-        top_logits, top_ids = top_logits.cpu(), top_ids.cpu()
         token = int(top_ids[0])  # topk sorts, so its first is the argmax
         row.answer.append(token)
         row.features.append(feature)
@@ -212,13 +216,14 @@ class ContinuousBatcher:
         cache = DynamicCache()
         out = self._forward(ids, mask, positions, cache)
         features = self._kept_features(out.hidden_states)
+        top_logits, top_ids = self._top_k(out.logits[:, -1])
         rows, tokens = [], []
         for b, (question, prompt) in enumerate(questions):
             row = _Row(question, list(prompt))
             # The prompt's states before its last position chose its own next tokens: kept as
             # features; the last one chose the answer's first token.
             row.features.append(features[b, -len(prompt):-1])
-            tokens.append(self._take_token(row, out.logits[b, -1], features[b, -1:]))
+            tokens.append(self._take_token(row, top_logits[b], top_ids[b], features[b, -1:]))
             rows.append(row)
         return rows, cache, mask, tokens
 
@@ -269,7 +274,8 @@ class ContinuousBatcher:
             shared.append_column()
             out = self._forward(next_tokens[:, None], shared.mask, positions[:, None], shared.cache)
             features = self._kept_features(out.hidden_states)
+            top_logits, top_ids = self._top_k(out.logits[:, -1])
             for b, row in enumerate(slots):
                 if row is not None:
-                    next_tokens[b] = self._take_token(row, out.logits[b, -1], features[b])
+                    next_tokens[b] = self._take_token(row, top_logits[b], top_ids[b], features[b])
             positions += 1
