@@ -431,3 +431,25 @@ def test_a_race_on_a_busy_machine_says_so_beside_its_figure(page):
     head, note, table = (locator.first.bounding_box() for locator in
                          (headline, notice, page.locator("#race-summary table")))
     assert head["y"] + head["height"] <= note["y"] < table["y"]
+
+
+def test_nothing_animates_while_a_run_streams(page):
+    """Every animated frame (a blinking caret, a pulsing border round an updating output) is a
+    restyle and repaint that the browser takes from the cores the model decodes on."""
+    page.evaluate("""() => { const seen = window.__animations = {frames: 0, running: 0};
+      const tick = () => {
+        if (document.querySelector('#stream-box .caret')) {
+          seen.frames++;
+          const running = document.getAnimations().filter((a) => a.playState === 'running').length;
+          seen.running = Math.max(seen.running, running);
+        }
+        if (window.__animations === seen) requestAnimationFrame(tick);
+      };
+      tick(); }""")
+    tokens = page.locator("#max-new-tokens input[type=number]")
+    tokens.fill("256")
+    tokens.press("Enter")
+    run_prompt(page, "It is a truth universally acknowledged")
+    seen = page.evaluate("window.__animations")
+    assert seen["frames"] > 0, "no frame was drawn while the run streamed"
+    assert seen["running"] == 0
