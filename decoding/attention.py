@@ -149,6 +149,13 @@ def gathered_attention(
     return out.view(1, length, heads, dim), None
 
 
+def can_gather(model: nn.Module) -> bool:
+    """Whether the model's layers call the attention function its config names (transformers'
+    `AttentionInterface`), so that gathered attention can replace it. A few families (Falcon,
+    GPT-Neo, StableLM, ...) call their own kernels and would silently ignore it."""
+    return type(model).is_backend_compatible()
+
+
 def register() -> None:
     """Make `GATHERED` a valid `attn_implementation`, with the library's boolean masks for steps."""
     AttentionInterface.register(GATHERED, gathered_attention)

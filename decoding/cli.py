@@ -146,6 +146,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     settings = _settings(args, args.tree)
     _set_threads(args)
     lm = _load(args, [] if args.method == PLAIN else [args.method])
+    if lm.may_part_from_plain and args.method != PLAIN:
+        why = lm.dtype_reason or ("half precision on a CPU without gathered attention: greedy drafting may part "
+                                  "from plain decoding")
+        print(f"warning: {why}", file=sys.stderr)
     _remeasure(args, lm)
     _warn_past_page_limits(lm, args.prompt, settings)
     trace = generate(lm, args.prompt, settings)

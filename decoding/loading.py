@@ -16,7 +16,7 @@ import torch
 
 from .assets import EMBEDDED_MODELS_DIR
 from .assets import HEADS_CONFIG as OWN_HEADS_CONFIG
-from .attention import GATHERED
+from .attention import GATHERED, can_gather
 from .checkpoints import find_heads, is_v01_directory, v01_base_model
 from .drafters import DRAFTERS, ModelFiles, drafter_class
 from .drafters.medusa_heads import MedusaHeadsDrafter
@@ -93,7 +93,8 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
 ATTENTION_CHOICES = ("auto", "gathered", "library")
 
 
-def resolve_attention(attention: str, device: torch.device, dtype: torch.dtype) -> str | None:
+def resolve_attention(attention: str, device: torch.device, dtype: torch.dtype, gatherable: bool = True,
+                      model_type: str = "this model") -> str | None:
     """The attention every pass runs: gathered (exact, see attention.py), or None for the one the
     library chose for the model (SDPA where the model supports it).
 
@@ -101,12 +102,26 @@ def resolve_attention(attention: str, device: torch.device, dtype: torch.dtype) 
     plain decoding; the library's elsewhere. In float32 the two agree to the last bits that matter,
     and on a GPU the matrix kernels themselves change with the row count, so gathering the keys
     would not buy identity there (scripts/gpu_check.py measures how often outputs part).
+    `gatherable`: whether the model's layers take a registered attention function (`can_gather`).
     """
     if attention not in ATTENTION_CHOICES:
         raise DecodingError(f"attention must be one of {ATTENTION_CHOICES}, not {attention!r}")
+    if attention == "gathered" and not gatherable:
+        raise DecodingError(f"attention gathered: {model_type}'s layers call their own attention kernels, not a "
+                            "registered attention function, so it cannot be gathered; use attention library")
     if attention == "auto":
-        attention = "gathered" if device.type == "cpu" and dtype != torch.float32 else "library"
+        gather = device.type == "cpu" and dtype != torch.float32 and gatherable
+        attention = "gathered" if gather else "library"
     return GATHERED if attention == "gathered" else None
+
+
+def ungathered_reason(model_type: str, dtype: torch.dtype, chosen: bool) -> str:
+    """Why a model that cannot gather its attention runs in `dtype` on a CPU: float32 where the dtype
+    was ours to choose (it keeps greedy drafting identical to plain decoding); else a warning."""
+    why = f"{model_type}'s attention cannot be gathered (its layers call their own kernels)"
+    if chosen:
+        return f"float32: {why}, and half precision without it lets greedy drafting part from plain decoding"
+    return f"{str(dtype).removeprefix('torch.')} as asked, but {why}: greedy drafting may part from plain decoding"
 
 
 def _loadable(directory: Path) -> bool:
@@ -240,10 +255,14 @@ def load_model(
     torch_dtype = resolve_dtype(dtype, torch_device)
     model = load_causal_lm(files.model, torch_device, torch_dtype)
     dtype_reason = ""
+    gatherable, model_type = can_gather(model), model.config.model_type
     if torch_dtype is None:
-        torch_dtype, dtype_reason = choose_cpu_dtype(model)
+        torch_dtype, dtype_reason = (choose_cpu_dtype(model) if gatherable
+                                     else (torch.float32, ungathered_reason(model_type, torch.float32, chosen=True)))
         model.to(torch_dtype)
-    implementation = resolve_attention(attention, torch_device, torch_dtype)
+    elif not gatherable and torch_device.type == "cpu" and torch_dtype != torch.float32:
+        dtype_reason = ungathered_reason(model_type, torch_dtype, chosen=False)
+    implementation = resolve_attention(attention, torch_device, torch_dtype, gatherable, model_type)
     if implementation is not None:
         model.set_attn_implementation(implementation)
     # The heads are the model's own: their config also names its trees and what ships beside them.

@@ -93,6 +93,12 @@ class LoadedModel:
         """Whether every step and verify pass runs through `attention.gathered_attention`."""
         return self.model.config._attn_implementation == GATHERED
 
+    @property
+    def may_part_from_plain(self) -> bool:
+        """Whether greedy drafting may write other tokens than plain decoding: half precision on a
+        CPU without gathered attention (see attention.py)."""
+        return self.device.type == "cpu" and self.dtype != torch.float32 and not self.gathered_attention
+
     @cached_property
     def forward_parameters(self) -> frozenset[str]:
         """The names the model's forward takes, read once: model code differs between families."""

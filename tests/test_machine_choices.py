@@ -200,3 +200,39 @@ def test_dtype_and_attention_names_are_checked():
         resolve_attention("flash", cpu, torch.float32)
     assert resolve_attention("auto", cpu, torch.float32) is None
     assert resolve_attention("auto", torch.device("cuda"), torch.bfloat16) is None
+
+
+@pytest.fixture(scope="module")
+def tiny_falcon(tmp_path_factory):
+    """A Falcon: its layers call their own attention kernels, not a registered attention function."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from decoding.tiny import tiny_tokenizer
+
+    config = AutoConfig.for_model("falcon", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  vocab_size=320, max_position_embeddings=512, eos_token_id=0, bos_token_id=0)
+    config.initializer_range = 0.25
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    model.generation_config.eos_token_id = None
+    path = tmp_path_factory.mktemp("falcon")
+    model.save_pretrained(path)
+    tiny_tokenizer(320).save_pretrained(path)
+    return path
+
+
+def test_a_model_whose_attention_cannot_be_gathered_stays_float32_or_says_why(tiny_falcon, monkeypatch, capsys):
+    from decoding.cli import main
+
+    _stub_ratio(monkeypatch, 0.5)  # bfloat16 measures faster: a model that can gather takes it (above)
+    lm = load_model(str(tiny_falcon), drafters=["prompt-lookup"])
+    assert lm.dtype == torch.float32 and not lm.may_part_from_plain and "falcon" in lm.dtype_reason
+    asked = load_model(str(tiny_falcon), dtype="bfloat16", drafters=["prompt-lookup"])
+    assert not asked.gathered_attention and asked.may_part_from_plain and "falcon" in asked.dtype_reason
+    with pytest.raises(DecodingError, match="falcon"):
+        load_model(str(tiny_falcon), dtype="bfloat16", attention="gathered", drafters=["prompt-lookup"])
+    argv = ["generate", "--model", str(tiny_falcon), "--prompt", "It is", "--max-new-tokens", "4",
+            "--method", "prompt-lookup", "--dtype", "bfloat16"]
+    assert main(argv) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 1 and "falcon" in warnings[0]
