@@ -11,7 +11,7 @@ import pytest
 from app import race_views, views
 from app.text import MISSING, PLACEHOLDER, explainer_values, load_steps, load_text, render_steps
 from app.tokens import md_code, visible
-from app_helpers import SMALL_CHOICES, make_ar_run, make_race, make_run, summary_arithmetic_holds
+from app_helpers import SMALL_CHOICES, carries, make_ar_run, make_race, make_run, numbers_in
 from decoding.race import RaceFrame
 from decoding.stats import round_end_times
 from decoding.trace import CostCurve
@@ -32,51 +32,84 @@ def _race(run, *ar_seconds_per_token: float):
 
 def test_round_numbers_agree_with_the_tree_even_when_the_run_ends_mid_round():
     run = make_run(SMALL_CHOICES, accepted_leaves=[6])
-    assert "accepted **3 guess(es)** · added **4 token(s)**: 3 from heads + 1 from" in views.round_info(run, 0)
+    facts = views.round_facts(run, 0)  # the path to node 6: three guesses, then the base model's token
+    assert (facts.verified, facts.paths, facts.accepted_guesses) == (7, 3, 3)
+    assert (facts.added, facts.guessed, facts.from_base, facts.cut) == (4, 3, 1, False)
     last = run.rounds[0]
     last.emitted_tokens, last.emitted_texts, last.emitted_from_drafter = (
         last.emitted_tokens[:2], last.emitted_texts[:2], last.emitted_from_drafter[:2])
-    assert "accepted **3 guess(es)** · added **2 token(s)** (cut at the end of the run)" in views.round_info(run, 0)
+    facts = views.round_facts(run, 0)
+    assert (facts.accepted_guesses, facts.added, facts.guessed, facts.from_base, facts.cut) == (3, 2, 2, 0, True)
+
+
+def test_the_round_details_write_every_figure_of_the_round():
+    run = make_run(SMALL_CHOICES, accepted_leaves=[6, 0, 5, 0, 0])
+    facts = views.round_facts(run, 0)
+    assert (facts.number, facts.rounds) == (1, 5)
+    assert (facts.draft_ms, facts.verify_ms, facts.accept_ms) == pytest.approx((1.0, 4.0, 0.5))
+    assert facts.done_at == round_end_times(run)[0]
+    info = views.round_info(run, 0)
+    assert carries(info, facts.number, facts.rounds, facts.verified, facts.paths, facts.accepted_guesses,
+                   facts.added, facts.guessed, facts.from_base, round(facts.draft_ms, 1),
+                   round(facts.verify_ms, 1), round(facts.accept_ms, 1), round(facts.done_at, 3))
+    cut = run.rounds[0]
+    cut.emitted_tokens, cut.emitted_texts, cut.emitted_from_drafter = (
+        cut.emitted_tokens[:2], cut.emitted_texts[:2], cut.emitted_from_drafter[:2])
+    assert "cut" in views.round_info(run, 0) and "cut" not in info
 
 
 def test_round_info_names_the_sampled_token_and_the_argmax_it_beat(run):
     rnd = run.rounds[0]
-    assert "sampled" not in views.round_info(run, 0)
+    assert views.round_facts(run, 0).sampled_over is None
+    assert views.round_info(run, 0).split("★")[1].count("<code>") == 1  # the next token alone
+    argmax = rnd.base_argmax_texts[rnd.accepted_nodes[-1]]
     rnd.next_token, rnd.next_text = 999, "<img src=x>"
+    assert views.round_facts(run, 0).sampled_over == argmax
     info = views.round_info(run, 0)
-    assert "★ next token <code>&lt;img␣src=x&gt;</code>, sampled" in info
+    chosen = info.split("★")[1]  # the next token, then the most likely one it was sampled over
+    assert chosen.index(md_code("<img src=x>", 14)) < chosen.index(md_code(argmax, 14))
     assert "<img" not in info
 
 
 def test_a_run_that_stops_at_the_prefill_says_so_and_promises_no_tree():
     run = make_run(SMALL_CHOICES, accepted_leaves=[])
     run.rounds, run.stop_reason = [], "max_new_tokens"
+    facts = views.run_facts(run)
+    assert (facts.tokens, facts.from_prefill, facts.rounds) == (1, 1, 0)
     summary = views.run_summary(run)
-    assert "1 token from the prefill pass alone" in summary and "no tree" in summary
+    assert numbers_in(summary) == [1] and views.STOP_REASONS[run.stop_reason] in summary
     assert "tokens per pass" not in summary and "1 tokens" not in summary
     assert views.round_label(run) == "Round (no rounds yet)" and views.round_label(None) == "Round (no rounds yet)"
     view = views.round_view(run, 0)
-    assert "stopped after the prefill" in view.tree.layout.annotations[0].text
+    assert view.info == "" and "prefill" in view.tree.layout.annotations[0].text
 
 
 def test_summary_counts_tokens_and_passes_and_its_arithmetic_adds_up(run):
+    facts = views.run_facts(run)
+    assert (facts.tokens, facts.passes, facts.rounds, facts.draft_passes) == (
+        len(run.tokens), run.forward_passes, len(run.rounds), 0)
+    assert facts.tokens == facts.from_prefill + facts.from_rounds and facts.passes == 1 + facts.rounds
+    assert facts.from_rounds == 4 + 1 + 3 and facts.tokens_per_round == pytest.approx(facts.from_rounds / facts.rounds)
     summary = views.run_summary(run, first_round_after=0.5)
-    assert f"**{len(run.tokens)} tokens in {run.forward_passes} passes of the model**" in summary
-    assert summary_arithmetic_holds(summary)
-    assert "reached Max new tokens" in summary and "0.50 s after Run" in summary
+    assert carries(summary, facts.tokens, facts.passes, facts.from_prefill, facts.from_rounds, facts.rounds,
+                   round(facts.tokens_per_round, 2), round(facts.seconds, 2), round(facts.tokens_per_second), 0.5)
+    assert views.STOP_REASONS[run.stop_reason] in summary
     assert views.round_label(run) == f"Round (of {len(run.rounds)})"
 
 
 def test_the_summary_says_stopped_only_once_the_run_is_timed(run):
     total, run.total_time = run.total_time, 0.0  # the engine's yield after the last round, before its clock is read
-    assert "running…" in views.run_summary(run) and "stopped" not in views.run_summary(run)
+    facts, running = views.run_facts(run), views.run_summary(run)
+    assert not facts.finished and views.STOP_REASONS[run.stop_reason] not in running
     # While running, the clock at the last round, never "0.00 s measured (0 tokens/s)".
-    so_far = round_end_times(run)[-1]
-    assert f"{so_far:.2f} s so far ({len(run.tokens) / so_far:.0f} tokens/s)" in views.run_summary(run)
-    assert "measured" not in views.run_summary(run)
+    assert facts.seconds == round_end_times(run)[-1] > 0
+    assert facts.tokens_per_second == pytest.approx(len(run.tokens) / facts.seconds)
+    assert carries(running, round(facts.seconds, 2), round(facts.tokens_per_second))
+    assert "measured" not in running
     run.total_time = total
-    summary = views.run_summary(run)
-    assert "stopped: reached Max new tokens" in summary and f"{total:.2f} s measured" in summary
+    facts, summary = views.run_facts(run), views.run_summary(run)
+    assert facts.finished and facts.seconds == total and facts.tokens_per_second == run.tokens_per_second
+    assert views.STOP_REASONS[run.stop_reason] in summary and carries(summary, round(total, 2))
 
 
 def test_stream_view_marks_the_run_and_its_end_for_the_benchmark(run):
