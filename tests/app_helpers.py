@@ -217,12 +217,12 @@ def summary_arithmetic_holds(summary: str) -> bool:
             and per_round == f"{int(added) / int(rounds):.2f}")
 
 
-NUMBER = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?")
+NUMBER = re.compile(r"(?<![\w.])(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?!\w)")
 
 
 def numbers_in(text: str) -> list[float]:
-    """Every number a text writes, in order ("20,000" reads 20000): a view's figures, whatever
-    words surround them."""
+    """Every number a text writes as a word of its own, in order ("20,000" reads 20000; the 32 of
+    "float32" is no number): a view's figures, whatever words surround them."""
     return [float(number.replace(",", "")) for number in NUMBER.findall(text)]
 
 
