@@ -134,6 +134,9 @@ def _against_medusa(result: RaceResult) -> str:
             f"**{theirs.median:.2f}×** against Medusa's {ours.median:.2f}× (medians){noise}.")
 
 
+SAME_TEXT = "Every lane wrote exactly plain decoding's text (greedy acceptance changes nothing but speed)."
+
+
 def _same_text(result: RaceResult) -> str:
     differing = result.differing()
     if differing:
@@ -143,7 +146,7 @@ def _same_text(result: RaceResult) -> str:
                 "and verifying several tokens in one pass (a different order of arithmetic) tipped the choice, "
                 "or this is a bug worth reporting.")
     if all(race[PLAIN].settings.acceptance == "greedy" for race in result.races):
-        return "Every lane wrote exactly plain decoding's text (greedy acceptance changes nothing but speed)."
+        return SAME_TEXT
     return "Sampling: each lane drew its own text, from the base model's distribution."
 
 
