@@ -177,6 +177,7 @@ INVITATION = ("*Pick **EAGLE** as the drafter and press **Run** (or tick the EAG
               "then tells your own run, beside Medusa's heads.*")
 NO_EAGLE = ("*This model ships no EAGLE draft head, so there is no EAGLE run to tell here; "
             "`python -m decoding train-eagle` trains one.*")
+NO_TABLE = "*No measured accuracy ships with this model's drafters.*"
 
 
 def _lane_sentence(race: RaceResult | None, lane: str) -> str:
@@ -219,5 +220,5 @@ def after_medusa_values(run: RunTrace | None, race: RaceResult | None,
         measured = [f"{name}: {sentence}" for name, sentence in lanes if sentence]
         if measured:
             said.append("In the race, " + "; ".join(measured) + ".")
-    return {"after_medusa_table": table or "*No measured accuracy ships with this model's drafters.*",
+    return {"after_medusa_table": table or NO_TABLE,
             "after_medusa_run": " ".join(said)}

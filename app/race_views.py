@@ -134,6 +134,9 @@ def _against_medusa(result: RaceResult) -> str:
             f"**{theirs.median:.2f}×** against Medusa's {ours.median:.2f}× (medians){noise}.")
 
 
+SAME_TEXT = "Every lane wrote exactly plain decoding's text (greedy acceptance changes nothing but speed)."
+
+
 def _same_text(result: RaceResult) -> str:
     differing = result.differing()
     if differing:
@@ -143,8 +146,11 @@ def _same_text(result: RaceResult) -> str:
                 "and verifying several tokens in one pass (a different order of arithmetic) tipped the choice, "
                 "or this is a bug worth reporting.")
     if all(race[PLAIN].settings.acceptance == "greedy" for race in result.races):
-        return "Every lane wrote exactly plain decoding's text (greedy acceptance changes nothing but speed)."
+        return SAME_TEXT
     return "Sampling: each lane drew its own text, from the base model's distribution."
+
+
+ONE_RACE_CAVEAT = " One race is noisy: race 3-5 times for a median you can quote."
 
 
 def race_verdict(result: RaceResult | None) -> str:
@@ -156,32 +162,40 @@ def race_verdict(result: RaceResult | None) -> str:
     name, trace = lanes.title(focus), result.shown[focus]
     if spread.count == 1:
         headline = f"**{name}: {spread.median:.2f}× the speed of plain decoding** in a single race"
-        caveat = " One race is noisy: race 3-5 times for a median you can quote."
+        caveat = ONE_RACE_CAVEAT
     else:
         headline = (f"**{name}: {spread.median:.2f}× the speed of plain decoding** (median of {spread.count} "
                     f"races; range {spread.low:.2f}–{spread.high:.2f}×)")
-        caveat = _range_caveat(name, spread)
+        caveat = RANGE_CAVEATS[range_reading(spread)].format(name=name)
     busy = busy_note(result.load, result.threads_before)
     busy = f'\n\n<div class="busy-note" data-others="{result.load.others:.2f}">⚠ {busy}</div>' if busy else ""
     return (f"{headline} on {md_text(trace.device)} ({md_text(trace.model)}).{caveat}{_against_medusa(result)}"
             f"{busy}\n\n{lane_table(result)}\n\n{_same_text(result)}")
 
 
-def _range_caveat(name: str, spread: Spread) -> str:
-    """What the range of several races says, read from the figures as printed (a slowest race of
-    0.998× is printed 1.00×, and is not called slower)."""
+# What the range of several races says, by `range_reading`; {name} is the lane's.
+RANGE_CAVEATS = {
+    "slower": " Every race was slower than plain decoding here.",
+    "faster": " Every race was faster.",
+    "even": " Every race ran at plain decoding's speed.",
+    "crosses": (" **The range crosses 1.0×:** {name} was faster in some races and slower in others, "
+                "so on this machine, now, it is not clearly faster."),
+    "reaches": (" **The range reaches 1.0×:** {name} was not faster in every race, "
+                "so on this machine, now, it is not clearly faster."),
+}
+
+
+def range_reading(spread: Spread) -> str:
+    """Where the range of several races lies against 1.0× (a key of RANGE_CAVEATS), read from the
+    figures as printed: a slowest race of 0.998× is printed 1.00×, and is not called slower."""
     low, high = round(spread.low, 2), round(spread.high, 2)
     if high < 1.0:
-        return " Every race was slower than plain decoding here."
+        return "slower"
     if low > 1.0:
-        return " Every race was faster."
+        return "faster"
     if low == high == 1.0:
-        return " Every race ran at plain decoding's speed."
-    if low < 1.0 < high:
-        return (f" **The range crosses 1.0×:** {name} was faster in some races and slower in others, "
-                "so on this machine, now, it is not clearly faster.")
-    return (f" **The range reaches 1.0×:** {name} was not faster in every race, "
-            "so on this machine, now, it is not clearly faster.")
+        return "even"
+    return "crosses" if low < 1.0 < high else "reaches"
 
 
 @dataclass(frozen=True)

@@ -204,6 +204,27 @@ def _steps(cost: float) -> str:
     return f"{cost:.2f} step{'' if f'{cost:.2f}' == '1.00' else 's'}"
 
 
+def _passes_of_several(curve: CostCurve) -> list[tuple[int, float]]:
+    """The curve's (tokens, cost in steps) of the passes over more than one token."""
+    return [(size, cost) for size, cost in zip(curve.sizes, curve.costs, strict=True) if size > 1]
+
+
+CURVE_SHAPES = {  # by `curve_shape`
+    "flat": "nearly flat: checking many guesses costs about one pass, the regime Medusa is built for",
+    "steep": "steep: almost every extra token costs a step of its own, so only the smallest trees can pay",
+    "rising": "rising: each extra guess costs real time here, so small trees win",
+}
+
+
+def curve_shape(curve: CostCurve) -> str:
+    """"flat", "rising" or "steep" (a key of CURVE_SHAPES): what each token beyond the first adds
+    to a pass, in steps, up to the largest pass the curve timed."""
+    points = _passes_of_several(curve)
+    largest, cost = points[-1] if points else (2, 1.0)
+    per_token = (cost - 1) / (largest - 1)
+    return "flat" if per_token < FLAT_PER_TOKEN else "steep" if per_token > STEEP_PER_TOKEN else "rising"
+
+
 def curve_values(curve: CostCurve | None, tree_nodes: int | None) -> dict[str, str]:
     """What the measured cost curve says, in words: the pass costs it found, and where it is
     flat or steep. Without a curve, that it was not measured (never a number it did not see)."""
@@ -211,19 +232,13 @@ def curve_values(curve: CostCurve | None, tree_nodes: int | None) -> dict[str, s
         return {"cost_curve": "This run did not time passes of different sizes on this machine, so the "
                               "figure is empty; the Race tab's round costs measure the same thing.",
                 "curve_tree_cost": ""}
-    points = [(size, cost) for size, cost in zip(curve.sizes, curve.costs, strict=True) if size > 1]
+    points = _passes_of_several(curve)
     sampled = points if len(points) <= 4 else [points[0], points[len(points) // 3],
                                                points[2 * len(points) // 3], points[-1]]
     said = [f"over {size} tokens {cost:.2f}" for size, cost in sampled]
     said[0] = f"a pass over {sampled[0][0]} tokens cost {sampled[0][1]:.2f} one-token steps" if sampled else ""
     listed = said[0] if len(said) < 2 else ", ".join(said[:-1]) + " and " + said[-1]
-    largest, cost = points[-1] if points else (2, 1.0)
-    per_token = (cost - 1) / (largest - 1)  # what each token beyond the first adds, in steps
-    shape = ("nearly flat: checking many guesses costs about one pass, the regime Medusa is built for"
-             if per_token < FLAT_PER_TOKEN else
-             "steep: almost every extra token costs a step of its own, so only the smallest trees can pay"
-             if per_token > STEEP_PER_TOKEN else
-             "rising: each extra guess costs real time here, so small trees win")
+    shape = CURVE_SHAPES[curve_shape(curve)]
     values = {"cost_curve": (f"On this machine ({md_text(curve.device)}, {md_text(curve.dtype)}, {curve.threads} "
                              f"thread{'s' if curve.threads != 1 else ''}; one step {curve.step_seconds * 1e3:.1f} ms), "
                              f"measured on the loaded model, {listed}: the curve is **{shape}**."),

@@ -66,31 +66,54 @@ def finished(trace: RunTrace) -> bool:
     return bool(trace.stop_reason) and trace.total_time > 0
 
 
+@dataclass(frozen=True)
+class RunFacts:
+    """A run's counts as its summary line tells them (`run_summary`)."""
+
+    tokens: int
+    passes: int  # passes of the model: the prefill's and one a round
+    draft_passes: int  # passes of the drafter's own smaller network, counted apart
+    from_prefill: int  # the prefill's token (0 where a round's tokens were all that was kept)
+    from_rounds: int
+    rounds: int
+    tokens_per_round: float
+    seconds: float  # measured once the run is over; until then, the clock at the last round
+    tokens_per_second: float | None  # None while no time has passed
+    finished: bool
+
+
+def run_facts(trace: RunTrace) -> RunFacts:
+    tokens = len(trace.tokens)
+    added = sum(rnd.accepted_length for rnd in trace.rounds)
+    done = finished(trace)
+    seconds = trace.total_time if done else (round_end_times(trace)[-1] if trace.rounds else 0.0)
+    per_second = trace.tokens_per_second if done else (tokens / seconds if seconds > 0 else None)
+    return RunFacts(tokens, trace.forward_passes, sum(rnd.draft_passes for rnd in trace.rounds), tokens - added,
+                    added, len(trace.rounds), trace.mean_accepted, seconds, per_second, done)
+
+
 def run_summary(trace: RunTrace, first_round_after: float | None = None) -> str:
     """One line: tokens, passes, tokens per pass, measured time, and whether the run is over."""
+    facts = run_facts(trace)
     reason = STOP_REASONS.get(trace.stop_reason, trace.stop_reason)
-    state = f"stopped: {reason}" if finished(trace) else "running…"
+    state = f"stopped: {reason}" if facts.finished else "running…"
     if not trace.rounds:
         if not trace.stop_reason:
             return "Reading the prompt (the prefill pass)…"
-        return (f"**{len(trace.tokens)} token from the prefill pass alone**: the run {reason} "
+        return (f"**{facts.tokens} token from the prefill pass alone**: the run {reason} "
                 "before any round, so there is no tree to show. Raise *Max new tokens* to see one.")
     latency = f" · first round ready {first_round_after:.2f} s after Run" if first_round_after else ""
-    tokens = len(trace.tokens)
-    draft_passes = sum(rnd.draft_passes for rnd in trace.rounds)
     drafter = "EAGLE's draft layer" if trace.settings.method == lanes.EAGLE else "the draft model"
     # The drafter's own passes are passes of a smaller network: counted apart, never added in.
-    own = f", and {draft_passes} passes of {drafter}" if draft_passes else ""
-    added = sum(rnd.accepted_length for rnd in trace.rounds)
-    first = tokens - added  # the prefill's token (0 where a round's tokens were all that was kept)
-    if finished(trace):
-        timing = f"{trace.total_time:.2f} s measured ({trace.tokens_per_second:.0f} tokens/s)"
-    else:  # the total is only read at the end: until then, the clock at the last round
-        so_far = round_end_times(trace)[-1]
-        timing = f"{so_far:.2f} s so far" + (f" ({tokens / so_far:.0f} tokens/s)" if so_far > 0 else "")
-    return (f"{lanes.title(trace.settings.method)} · **{tokens} tokens in {trace.forward_passes} passes "
-            f"of the model**{own}: {first} from the prefill + {added} from {len(trace.rounds)} rounds, "
-            f"**{trace.mean_accepted:.2f} tokens per round** · {timing} · {state}{latency}")
+    own = f", and {facts.draft_passes} passes of {drafter}" if facts.draft_passes else ""
+    if facts.finished:
+        timing = f"{facts.seconds:.2f} s measured ({facts.tokens_per_second:.0f} tokens/s)"
+    else:
+        speed = f" ({facts.tokens_per_second:.0f} tokens/s)" if facts.tokens_per_second is not None else ""
+        timing = f"{facts.seconds:.2f} s so far{speed}"
+    return (f"{lanes.title(trace.settings.method)} · **{facts.tokens} tokens in {facts.passes} passes "
+            f"of the model**{own}: {facts.from_prefill} from the prefill + {facts.from_rounds} from {facts.rounds} "
+            f"rounds, **{facts.tokens_per_round:.2f} tokens per round** · {timing} · {state}{latency}")
 
 
 def refusal_text(error: Exception, what: str = "run", earlier: bool = False) -> str:
@@ -117,34 +140,65 @@ def drafting_text(trace: RunTrace, rnd: RoundTrace) -> str:
     return f"copied {guesses} token(s) from position {rnd.copied_from} (in {where}) · "
 
 
+@dataclass(frozen=True)
+class RoundFacts:
+    """One round's numbers as its details tell them (`round_info`), as measured."""
+
+    number: int  # from 1
+    rounds: int
+    verified: int | None  # the nodes its one pass verified; None: a plain step, no tree
+    paths: int | None  # that tree's candidate paths (1: a chain)
+    accepted_guesses: int | None
+    added: int  # the tokens it added: `guessed` from the drafter, `from_base` from the base model
+    guessed: int
+    from_base: int
+    cut: bool  # cut short by the token limit (or an end-of-text token): fewer added than accepted
+    sampled_over: str | None  # the base model's most likely token where the next one was sampled
+    draft_ms: float
+    verify_ms: float
+    accept_ms: float
+    done_at: float  # seconds into the run
+
+
+def round_facts(trace: RunTrace, index: int) -> RoundFacts:
+    rnd = trace.rounds[index]
+    tree = trace.round_tree(rnd)
+    guessed = sum(rnd.emitted_from_drafter)
+    verified = paths = accepted = sampled_over = None
+    if tree is not None and rnd.tree_size:
+        verified, paths, accepted = rnd.tree_size, leaf_count(tree.parents), len(rnd.accepted_nodes) - 1
+        last = rnd.accepted_nodes[-1]
+        argmax = rnd.base_argmax_tokens[last] if rnd.base_argmax_tokens else None
+        if rnd.next_token is not None and argmax is not None and rnd.next_token != argmax:
+            sampled_over = rnd.base_argmax_texts[last]
+    cut = accepted is not None and rnd.accepted_length < accepted + 1
+    return RoundFacts(index + 1, len(trace.rounds), verified, paths, accepted, rnd.accepted_length, guessed,
+                      rnd.accepted_length - guessed, cut, sampled_over, rnd.time_draft * 1e3,
+                      rnd.time_verify * 1e3, rnd.time_accept * 1e3, round_end_times(trace)[index])
+
+
 def round_info(trace: RunTrace, index: int) -> str:
     """The numbers of one round, as measured."""
-    rnd = trace.rounds[index]
+    rnd, facts = trace.rounds[index], round_facts(trace, index)
     method = trace.settings.method
-    guessed = sum(rnd.emitted_from_drafter)
-    from_base = rnd.accepted_length - guessed
     tokens = " ".join(md_code(t, 14) for t in rnd.emitted_texts)
-    if trace.round_tree(rnd) is not None and rnd.tree_size:
-        accepted = len(rnd.accepted_nodes) - 1
-        paths = leaf_count(trace.round_tree(rnd).parents)
+    if facts.verified is not None:
         tried = drafting_text(trace, rnd) + (
-            "verified **the root alone** in one pass (a plain step) · " if rnd.tree_size == 1 else
-            f"verified **{rnd.tree_size} tree nodes** ({'a chain' if paths == 1 else f'{paths} candidate paths'}) "
-            f"in one pass · accepted **{accepted} guess(es)** · ")
-        # The last round may be cut short by the token limit (or end at an end-of-text token).
-        cut = " (cut at the end of the run)" if rnd.accepted_length < accepted + 1 else ""
+            "verified **the root alone** in one pass (a plain step) · " if facts.verified == 1 else
+            f"verified **{facts.verified} tree nodes** "
+            f"({'a chain' if facts.paths == 1 else f'{facts.paths} candidate paths'}) "
+            f"in one pass · accepted **{facts.accepted_guesses} guess(es)** · ")
+        cut = " (cut at the end of the run)" if facts.cut else ""
         chosen = f" · ★ next token {md_code(rnd.next_text, 14)}"
-        argmax = rnd.base_argmax_tokens[rnd.accepted_nodes[-1]] if rnd.base_argmax_tokens else None
-        if rnd.next_token is not None and argmax is not None and rnd.next_token != argmax:
-            chosen += (f", sampled (the most likely was "
-                       f"{md_code(rnd.base_argmax_texts[rnd.accepted_nodes[-1]], 14)})")
+        if facts.sampled_over is not None:
+            chosen += f", sampled (the most likely was {md_code(facts.sampled_over, 14)})"
     else:
         tried, cut, chosen = "one pass · ", "", ""
-    return (f"**Round {index + 1} of {len(trace.rounds)}** ({lanes.title(method)}) · {tried}added "
-            f"**{rnd.accepted_length} token(s)**{cut}: {guessed} from {lanes.who_guessed(method)} + {from_base} "
-            f"from the base model: {tokens}{chosen}  \n"
-            f"Measured: draft {rnd.time_draft * 1e3:.1f} ms · verify {rnd.time_verify * 1e3:.1f} ms · "
-            f"accept {rnd.time_accept * 1e3:.1f} ms · done {round_end_times(trace)[index]:.3f} s into the run")
+    return (f"**Round {facts.number} of {facts.rounds}** ({lanes.title(method)}) · {tried}added "
+            f"**{facts.added} token(s)**{cut}: {facts.guessed} from {lanes.who_guessed(method)} + "
+            f"{facts.from_base} from the base model: {tokens}{chosen}  \n"
+            f"Measured: draft {facts.draft_ms:.1f} ms · verify {facts.verify_ms:.1f} ms · "
+            f"accept {facts.accept_ms:.1f} ms · done {facts.done_at:.3f} s into the run")
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections import Counter
 
 from decoding.race import RaceResult
 from decoding.trace import DraftedTree, DrafterInfo, RoundTrace, RunSettings, RunTrace, TreeTrace
@@ -214,3 +215,18 @@ def summary_arithmetic_holds(summary: str) -> bool:
     tokens, passes, _, first, added, rounds, per_round = SUMMARY_NUMBERS.search(summary.replace("**", "")).groups()
     return (int(tokens) == int(first) + int(added) and int(passes) == 1 + int(rounds)
             and per_round == f"{int(added) / int(rounds):.2f}")
+
+
+NUMBER = re.compile(r"(?<![\w.])(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?!\w)")
+
+
+def numbers_in(text: str) -> list[float]:
+    """Every number a text writes as a word of its own, in order ("20,000" reads 20000; the 32 of
+    "float32" is no number): a view's figures, whatever words surround them."""
+    return [float(number.replace(",", "")) for number in NUMBER.findall(text)]
+
+
+def carries(text: str, *values: float) -> bool:
+    """The text writes each value (as often as it is given), rounded as the text rounds it: the
+    caller rounds each value to the places the text prints."""
+    return not Counter(values) - Counter(numbers_in(text))

@@ -297,11 +297,8 @@ def test_the_model_cache_keeps_the_last_two_and_loads_outside_its_lock(monkeypat
 def test_on_a_gpu_the_cache_keeps_one_model_and_drops_it_before_loading_the_next(monkeypatch):
     import torch
 
-    import app.models
-
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     cache = ModelCache()
-    assert cache.keep == app.models.KEEP_MODELS_ON_GPU  # the GPU's own count, not the CPU's
     in_memory_while_loading = {}
 
     def load(name):
@@ -313,8 +310,16 @@ def test_on_a_gpu_the_cache_keeps_one_model_and_drops_it_before_loading_the_next
     cache.get("b")
     assert in_memory_while_loading == {"a": [], "b": []}  # "a" was gone before "b" loaded
     assert cache.loaded() == ["b"]
+
+def test_on_a_cpu_the_cache_keeps_two_models(monkeypatch):
+    import torch
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert ModelCache().keep == app.models.KEEP_MODELS
+    cache = ModelCache()
+    monkeypatch.setattr(cache, "_load", lambda name: f"model {name}")
+    for name in ("a", "b", "c"):
+        cache.get(name)
+    assert cache.loaded() == ["b", "c"]  # the least recently used went first
 
 
 def test_the_page_offers_what_the_engine_can_load(monkeypatch):

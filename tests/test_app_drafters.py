@@ -5,15 +5,16 @@ heads. Hand-made traces, no model (except where a real run is the point)."""
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 import pytest
 
-from app import race_views, views
+from app import lanes, race_views, views
 from app.drafter_costs import INVITATION, drafter_comparison
 from app.sidebar import drafter_controls
-from app.text import load_steps, render_steps
+from app.text import load_steps, render_steps, walkthrough_run
 from app.tree_figures import mask_figure, tree_figure
-from app_helpers import SMALL_CHOICES, make_ar_run, make_chain_run, make_race, make_run
+from app_helpers import SMALL_CHOICES, carries, make_ar_run, make_chain_run, make_race, make_run, numbers_in
 from decoding.drafters import DRAFTERS
 
 
@@ -35,19 +36,27 @@ def _node_hovers(figure) -> list[str]:
 # ----------------------------------------------------------------------------- the playground
 
 def test_a_draft_model_round_names_the_drafter_its_passes_and_its_draft_time(draft):
+    rnd = draft.rounds[0]
+    rnd.draft_passes = 6  # more passes than its 4 guesses: each figure tells apart
+    facts = views.round_facts(draft, 0)
+    assert (facts.verified, facts.paths, facts.guessed, facts.from_base) == (5, 1, 4, 1)  # a chain, all accepted
+    drafting = views.drafting_text(draft, rnd)
+    assert Counter(numbers_in(drafting)) == Counter([4, rnd.draft_passes, round(rnd.time_draft * 1e3, 1)])
     info = views.round_info(draft, 0)
-    assert "(Draft model)" in info and "wrote 4 guess(es) in **4 passes** of its own (**1.0 ms**)" in info
-    assert "verified **5 tree nodes** (a chain)" in info and "4 from the draft model + 1 from the base" in info
-    assert "passes of the model**, and 12 passes of the draft model:" in views.run_summary(draft)
+    assert drafting in info and f"({lanes.title('draft-model')})" in info and lanes.who_guessed("draft-model") in info
+    assert views.run_facts(draft).draft_passes == 6 + 4 + 4 and carries(views.run_summary(draft), 14)
 
 
 def test_a_prompt_lookup_round_says_where_it_copied_from_or_that_nothing_matched(lookup):
-    assert "copied 4 token(s) from position 2 (in the prompt)" in views.round_info(lookup, 0)
+    in_prompt = views.drafting_text(lookup, lookup.rounds[0])
+    assert numbers_in(in_prompt) == [4, 2] and "prompt" in in_prompt  # 4 tokens from position 2, of 4 prompt tokens
     lookup.rounds[2].copied_from = 7  # past the 4 prompt tokens
-    assert "from position 7 (in the answer so far)" in views.round_info(lookup, 2)
-    root_only = views.round_info(lookup, 1)
-    assert "nothing to copy" in root_only and "verified **the root alone** in one pass (a plain step)" in root_only
-    assert "0 from copies + 1 from the base model" in root_only
+    in_answer = views.drafting_text(lookup, lookup.rounds[2])
+    assert numbers_in(in_answer) == [4, 7] and "prompt" not in in_answer
+    nothing = views.drafting_text(lookup, lookup.rounds[1])
+    assert nothing and numbers_in(nothing) == [] and nothing in views.round_info(lookup, 1)
+    facts = views.round_facts(lookup, 1)
+    assert (facts.verified, facts.accepted_guesses, facts.guessed, facts.from_base) == (1, 0, 0, 1)
 
 
 def test_chain_rounds_draw_one_row_headed_by_the_drafter_with_who_proposed_each_node(draft, lookup):
@@ -78,11 +87,16 @@ def test_a_root_only_round_draws_a_one_node_tree_and_a_one_cell_mask(lookup):
 
 
 def test_the_stream_legend_names_the_drafters_guesses(draft, lookup):
-    assert ">draft 4</span>" in views.stream_view(draft) and "head 1" not in views.stream_view(draft)
-    assert ">copy 1</span>" in views.stream_view(lookup)
-    long = views.stream_view(make_chain_run("prompt-lookup", [10], length=10))
-    assert ">copy 8</span>" in long and ">copy 9</span>" not in long and "… to copy 10, colours repeating" in long
-    assert ">head 3</span>" in views.stream_view(make_run(SMALL_CHOICES, accepted_leaves=[6]))
+    def keys(trace):
+        return re.findall(r'<span class="key"[^>]*>([^<]*)</span>', views.stream_view(trace))[1:]  # after the base
+
+    assert keys(draft) == [lanes.guess_name("draft-model", depth) for depth in range(1, 5)]
+    assert keys(lookup) == [lanes.guess_name("prompt-lookup", depth) for depth in range(1, 5)]
+    long = make_chain_run("prompt-lookup", [10], length=10)
+    assert keys(long) == [lanes.guess_name("prompt-lookup", depth) for depth in range(1, 9)]  # 8 colours
+    notes = re.findall(r'<span class="key-note">([^<]*)</span>', views.stream_view(long))
+    assert lanes.guess_name("prompt-lookup", 10) in notes[0]  # then they repeat up to the chain's end
+    assert keys(make_run(SMALL_CHOICES, accepted_leaves=[6])) == [lanes.guess_name("medusa", d) for d in (1, 2, 3)]
 
 
 # ----------------------------------------------------------------------------- the race
@@ -112,18 +126,20 @@ def test_the_verdict_has_a_row_of_measured_figures_per_lane():
         assert f"{spread.median:.2f}× ({spread.low:.2f}–{spread.high:.2f}×)" in row
         assert f"{race.timing(lane).tokens_per_pass:.2f}" in row and f"| {race.draft_cost(lane):.2f} |" in row
         assert f"{race.shown[lane].forward_passes} ({len(race.shown[lane].tokens)})" in row
-    assert "1× by definition" in rows[0]
+    assert numbers_in(rows[0].split(" | ")[-1]) == [1]  # plain decoding's speedup: 1× by definition
 
 
 def test_where_another_drafter_beat_medusa_the_verdict_says_so_with_both_medians():
     race = _three_lanes(lookup_seconds=0.001)  # prompt lookup: 4 tokens in 1 ms a round
     assert race.fastest() == "prompt-lookup"
-    verdict = race_views.race_verdict(race)
+    headline = race_views.race_verdict(race).split("\n\n")[0]
     lookup, medusa = race.spread("prompt-lookup").median, race.spread("medusa").median
-    assert f"**Medusa was not the fastest here:** prompt lookup reached **{lookup:.2f}×** against " \
-           f"Medusa's {medusa:.2f}×" in verdict
+    # Medusa's median twice: the headline's, then beside the faster lane's.
+    assert lanes.in_sentence("prompt-lookup") in headline and carries(headline, round(lookup, 2), round(medusa, 2),
+                                                                         round(medusa, 2))
     race = _three_lanes(lookup_seconds=0.1)
-    assert race.fastest() == "medusa" and "not the fastest" not in race_views.race_verdict(race)
+    assert race.fastest() == "medusa"
+    assert lanes.in_sentence("prompt-lookup") not in race_views.race_verdict(race).split("\n\n")[0]
 
 
 def test_a_win_within_the_noise_is_called_that():
@@ -131,19 +147,19 @@ def test_a_win_within_the_noise_is_called_that():
     assert clear.fastest() == close.fastest() == "prompt-lookup"
     assert not clear.overlap("prompt-lookup", "medusa") and close.overlap("prompt-lookup", "medusa")
     assert "noise" not in race_views.race_verdict(clear) and "noise" not in drafter_comparison(clear)
-    assert "; their ranges overlap, so the gap may be noise." in race_views.race_verdict(close)
-    assert "— but their ranges overlap, so the gap may be noise." in drafter_comparison(close)
+    assert "noise" in race_views.race_verdict(close) and "noise" in drafter_comparison(close)
 
 
 def test_the_verdict_says_plainly_whether_the_greedy_lanes_wrote_plain_decodings_text():
     race = _three_lanes()  # hand-made: plain decoding's words differ from every drafter's
     assert race.differing()[:2] == [("medusa", 1), ("draft-model", 1)]
-    verdict = race_views.race_verdict(race)
-    assert "**⚠ Not the same text:** Medusa in race 1, the draft model in race 1," in verdict
+    told = race_views.race_verdict(race).split("\n\n")[-1]
+    assert told != race_views.SAME_TEXT and "⚠" in told
+    assert all(lanes.in_sentence(lane) in told for lane, _ in race.differing())
     for runs in race.races:
         for lane in race.drafters:
             runs[lane].rounds, runs[lane].prefill_token = runs["ar"].rounds, runs["ar"].prefill_token
-    assert "Every lane wrote exactly plain decoding's text" in race_views.race_verdict(race)
+    assert race.differing() == [] and race_views.race_verdict(race).endswith(race_views.SAME_TEXT)
 
 
 def test_lanes_show_one_row_each_on_one_clock():
@@ -151,24 +167,34 @@ def test_lanes_show_one_row_each_on_one_clock():
     frame = race_views.RaceFrame("replaying", 3, race.lanes, 3, result=race, clock=0.012)
     html = race_views.lanes_html(frame)
     assert [m for m in re.findall(r'data-lane="([\w-]+)"', html)] == race.lanes
-    assert "(copies up to 4 tokens)" in html and "(4 tokens a round)" in html and "(tree test)" in html
+    notes = re.findall(r"<small>\((.*?)\)</small>", html)
+    assert notes == [race_views.lane_note(lane, race.shown[lane]) for lane in race.lanes]
+    assert notes[1:] == ["tree test", "4 tokens a round", "copies up to 4 tokens"]  # each drafter's settings
     # At 12 ms the plain lane (prefill 10 ms, then 4 ms a token) has written 1 token in 1 pass.
-    assert "1 tokens · 1 passes" in html
+    counts = re.findall(r'<div class="pane-head">.*?<span>(.*?)</span>', html)
+    assert numbers_in(counts[0]) == [1, 1]
 
 
 # ----------------------------------------------------------------------------- stats and learn
 
 def test_the_walkthrough_compares_the_draft_model_with_medusas_heads_in_measured_numbers():
+    from app.drafter_costs import count, draft_passes_per_round, megabytes
+
     race = _three_lanes()
     text = drafter_comparison(race)
     draft, heads, lookup = (line for line in text.splitlines() if line.startswith("- "))
-    assert "**30K parameters**, 0.1 MB of weights plus 6 kB of its own KV cache" in draft
-    assert f"4.0 passes of its own a round, costing **{race.draft_cost('draft-model'):.2f} plain steps**" in draft
-    assert "**99K parameters** (0.4 MB), no cache and no pass of their own" in heads
-    assert f"**{race.draft_cost('medusa'):.2f} plain steps** a round" in heads
-    assert f"{race.timing('prompt-lookup').tokens_per_pass:.2f} tokens per pass" in lookup
+    drafter = race.shown["draft-model"].drafter
+    assert (count(drafter.parameters), megabytes(drafter.weight_bytes), megabytes(drafter.cache_bytes)) == (
+        "30K", "0.1 MB", "6 kB")
+    assert all(told in draft for told in ("30K", "0.1 MB", "6 kB"))
+    assert draft_passes_per_round(race, "draft-model") == 4.0
+    assert carries(draft, 4.0, round(race.draft_cost("draft-model"), 2))
+    assert count(race.shown["medusa"].drafter.parameters) == "99K" and "99K" in heads and "0.4 MB" in heads
+    assert carries(heads, round(race.draft_cost("medusa"), 2))
+    assert carries(lookup, round(race.timing("prompt-lookup").tokens_per_pass, 2))
     medusa, drafted = race.spread("medusa").median, race.spread("draft-model").median
-    assert medusa > drafted and f"**Here Medusa's heads beat the draft model** ({medusa:.2f}× against " in text
+    winner = text.splitlines()[-1]  # the winner's median first
+    assert medusa > drafted and numbers_in(winner)[:2] == [round(medusa, 2), round(drafted, 2)]
     step = render_steps(load_steps(), None, race)[1]
     assert text in step and "{{" not in step
 
@@ -176,8 +202,8 @@ def test_the_walkthrough_compares_the_draft_model_with_medusas_heads_in_measured
 def test_the_walkthrough_says_when_prompt_lookup_beat_medusa():
     race = _three_lanes(lookup_seconds=0.001)
     medusa, lookup = race.spread("medusa").median, race.spread("prompt-lookup").median
-    assert (f"**Here prompt lookup was faster than Medusa's heads** ({lookup:.2f}× against {medusa:.2f}×)"
-            in drafter_comparison(race))
+    winner = drafter_comparison(race).splitlines()[-1]
+    assert lookup > medusa and numbers_in(winner)[-2:] == [round(lookup, 2), round(medusa, 2)]
 
 
 def test_the_walkthrough_invites_a_race_with_a_draft_model_until_there_is_one():
@@ -189,20 +215,25 @@ def test_the_walkthrough_invites_a_race_with_a_draft_model_until_there_is_one():
 
 
 def test_learn_follows_medusa_and_says_so_after_a_run_of_another_drafter(draft):
-    assert "these steps follow Medusa's heads" in views.learn_banner(draft, None)
+    assert walkthrough_run(draft, None) is None
+    assert lanes.in_sentence("draft-model") in views.learn_banner(draft, None)  # the drafter it did not follow
     medusa = make_run(SMALL_CHOICES, accepted_leaves=[6])
     race = make_race({"ar": [make_ar_run(len(medusa.tokens))], "medusa": [medusa], "draft-model": [draft]},
                      focus="draft-model")
-    assert "the Medusa lane of your last race" in views.learn_banner(draft, race)
-    assert "from your last run:" in views.learn_banner(medusa, race)
+    assert walkthrough_run(draft, race) is medusa and walkthrough_run(medusa, race) is medusa
+    # The same Medusa run, told as the race's lane or as the last run.
+    assert views.learn_banner(draft, race) != views.learn_banner(medusa, race)
     assert f"**{medusa.forward_passes} passes produced" in render_steps(load_steps(), draft, race)[5]
 
 
 def test_stats_speak_of_the_runs_own_drafter(draft):
     race = make_race({"ar": [make_ar_run(len(draft.tokens))], "draft-model": [draft]}, focus="draft-model")
     text = views.stats_text(draft, race)
-    assert text.startswith("Draft model added") and "the draft model added" in text
-    assert "with Prompt lookup ticked" in views.stats_text(make_chain_run("prompt-lookup", [1]), race)
+    assert text.startswith(lanes.title("draft-model")) and lanes.in_sentence("draft-model") in text
+    lookup = make_chain_run("prompt-lookup", [1])
+    unraced = views.stats_text(lookup, race)  # its lane was not in the race: it asks for one
+    assert lanes.title("prompt-lookup") in unraced
+    assert numbers_in(unraced) == [round(lookup.mean_accepted, 2), len(lookup.rounds)]
 
 
 @pytest.mark.parametrize("method", ["medusa", "eagle", "draft-model", "prompt-lookup"])

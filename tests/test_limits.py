@@ -8,11 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from app_helpers import carries
 from decoding import DecodeSettings, DecodingError, generate
 from decoding import memory as memory
 from decoding.cli import main
 from decoding.drafters import check_settings
-from decoding.limits import PAGE_LIMITS, check_page_limits, page_problems
+from decoding.limits import PAGE_LIMITS, check_page_limits, max_new_tokens_problem, page_problems, tree_problem
 from decoding.memory import run_memory_bytes
 
 # SmolLM2-135M's shape: the default model of the page.
@@ -40,10 +41,11 @@ def test_the_page_limits_name_each_problem():
     assert page_problems("hi", 64, None) == []
     problems = page_problems("x" * 20_000, 10_000, 10_000)
     assert len(problems) == 3
-    assert "20,000 characters" in problems[0] and "4,000" in problems[0]
-    assert "10000" in problems[1] and str(PAGE_LIMITS.max_new_tokens) in problems[1]
-    assert "10001 nodes" in problems[2] and str(PAGE_LIMITS.tree_nodes) in problems[2]
-    with pytest.raises(DecodingError, match="characters"):
+    # Each names what was asked for and the page's limit.
+    assert carries(problems[0], 20_000, PAGE_LIMITS.prompt_chars)
+    assert carries(problems[1], 10_000, PAGE_LIMITS.max_new_tokens)
+    assert carries(problems[2], 10_001, PAGE_LIMITS.tree_nodes)
+    with pytest.raises(DecodingError, match="20,000"):
         check_page_limits("x" * 20_000, 8, None)
 
 
@@ -78,9 +80,9 @@ def test_the_cli_runs_past_the_page_limits_but_warns(capsys, tiny_dirs):
     argv = ["generate", "--model", str(tiny_dirs["llama"]), "--prompt", "hello", "--json", "--max-new-tokens"]
     assert main([*argv, "3", "--tree", json.dumps(wide_tree(130))]) == 0
     out, err = capsys.readouterr()
-    assert "warning: the tree has 131 nodes" in err and "the command line runs it" in err
+    assert f"warning: {tree_problem(130)}" in err  # what the page would refuse, said
     assert len(json.loads(out)["tree"]["parents"]) == 131
     assert main([*argv, "300", "--method", "ar"]) == 0
-    assert "warning: max_new_tokens must be from 1 to 256 on this page, not 300" in capsys.readouterr().err
+    assert f"warning: {max_new_tokens_problem(300)}" in capsys.readouterr().err
     assert main([*argv, "3"]) == 0
     assert "warning" not in capsys.readouterr().err
