@@ -146,7 +146,7 @@ def cost_curve_figure(curve: CostCurve | None, tree_nodes: int | None = None, lo
     """What a pass over T tokens costs here, in one-token steps, as measured on the loaded model,
     between the two regimes: flat (about 1, a memory-bound GPU) and T (every token a full step).
     `tree_nodes` marks the last run's tree on the curve."""
-    if curve is None:
+    if curve is None or max(curve.sizes) < 2:  # no pass over several tokens timed
         return message_figure("Not measured for this run:<br>the cost of a pass over T tokens<br>appears here "
                               "once the engine<br>has timed it on this machine.", look, height=260)
     top = max(curve.sizes)

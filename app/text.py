@@ -228,15 +228,15 @@ def curve_shape(curve: CostCurve) -> str:
 def curve_values(curve: CostCurve | None, tree_nodes: int | None) -> dict[str, str]:
     """What the measured cost curve says, in words: the pass costs it found, and where it is
     flat or steep. Without a curve, that it was not measured (never a number it did not see)."""
-    if curve is None:
+    points = _passes_of_several(curve) if curve is not None else []
+    if not points:
         return {"cost_curve": "This run did not time passes of different sizes on this machine, so the "
                               "figure is empty; the Race tab's round costs measure the same thing.",
                 "curve_tree_cost": ""}
-    points = _passes_of_several(curve)
     sampled = points if len(points) <= 4 else [points[0], points[len(points) // 3],
                                                points[2 * len(points) // 3], points[-1]]
     said = [f"over {size} tokens {cost:.2f}" for size, cost in sampled]
-    said[0] = f"a pass over {sampled[0][0]} tokens cost {sampled[0][1]:.2f} one-token steps" if sampled else ""
+    said[0] = f"a pass over {sampled[0][0]} tokens cost {sampled[0][1]:.2f} one-token steps"
     listed = said[0] if len(said) < 2 else ", ".join(said[:-1]) + " and " + said[-1]
     shape = CURVE_SHAPES[curve_shape(curve)]
     values = {"cost_curve": (f"On this machine ({md_text(curve.device)}, {md_text(curve.dtype)}, {curve.threads} "

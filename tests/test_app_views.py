@@ -345,8 +345,9 @@ def test_learn_step_one_states_the_cost_this_machine_measured(run):
     assert tree_cost in speedup and carries(tree_cost, run.tree.size, round(run.cost_curve.cost(run.tree.size), 2))
 
 
-def test_without_a_measured_curve_learn_says_so_and_draws_no_numbers(run):
-    run.cost_curve = None
+@pytest.mark.parametrize("curve", [None, _curve([1.0])], ids=["no curve", "only one-token steps timed"])
+def test_without_a_measured_curve_learn_says_so_and_draws_no_numbers(run, curve):
+    run.cost_curve = curve
     told = explainer_values(run, None)["cost_curve"]
     assert told and numbers_in(told) == [] and MISSING not in told
     assert told in render_steps(load_steps(), run, None)[0]
