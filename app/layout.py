@@ -270,16 +270,19 @@ def _wire_runs(page: Page, run_btn: gr.Button, race_btn: gr.Button) -> None:
                  inputs={page.run_state, page.race_state, page.projector, page.width},
                  outputs=page.after_run(), **PRIVATE)
     # No progress animation: the run's summary and the race's status line say where they are, and
-    # Gradio's ticking timers kept the browser drawing on the cores the measured runs need.
+    # Gradio's ticking timers kept the browser drawing on the cores the measured runs need. Gradio
+    # ticks one every animation frame for each output it marks pending, even hidden: so it marks
+    # only a State, which draws nothing.
     model_work = dict(concurrency_id=MODEL_QUEUE, concurrency_limit=1, show_progress="hidden", **PRIVATE)
     run_outputs = [page.tabs, page.run_state, *page.playground()]
     for trigger in (run_btn.click, page.request["prompt"].submit):
-        trigger(gpu(_streaming(handlers.run_drafter, page)), page.inputs(), run_outputs, **model_work).then(**after)
+        trigger(gpu(_streaming(handlers.run_drafter, page)), page.inputs(), run_outputs,
+                show_progress_on=page.run_state, **model_work).then(**after)
     run_btn.click(None, js=SCROLL_TO_ROUND, **PRIVATE)
     race_btn.click(None, js=SCROLL_TO_RESULTS, **PRIVATE)
     race_outputs = [page.tabs, page.run_state, page.race_state, *page.race_views()]
     race_btn.click(gpu(_streaming(handlers.run_race, page), duration=300), page.inputs(), race_outputs,
-                   **model_work).then(
+                   show_progress_on=page.race_state, **model_work).then(
         _handler(handlers.show_run, page), {page.run_state, page.projector, page.width}, page.playground(),
         **PRIVATE,
     ).then(**after)

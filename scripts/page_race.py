@@ -90,7 +90,7 @@ def threads_under_load(prompts: list[str], model: str, heats: int) -> None:
 
     import torch
 
-    from decoding.drafters import adopt_auto_tree
+    from decoding.drafters.medusa_heads import adopt_auto_tree
     from decoding.loading import load_model
     from decoding.measure import combined, run_heat
     from decoding.settings import DecodeSettings

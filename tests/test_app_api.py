@@ -49,6 +49,20 @@ def client(demo):
     return Client(demo.local_url, verbose=False)
 
 
+def test_runs_and_races_mark_no_visible_panel_pending(demo):
+    """Gradio ticks a timer on every animation frame for each output it marks pending, shown or
+    not; the model's events mark only a State, so the browser idles while runs are measured."""
+    config = demo.get_config_file()
+    kinds = {c["id"]: c["type"] for c in config["components"]}
+    button = {c["props"].get("elem_id"): c["id"] for c in config["components"] if c["type"] == "button"}
+    model_events = [d for d in config["dependencies"] if d["backend_fn"]
+                    and {target for target, _ in d["targets"]} & {button["run-button"], button["race-button"]}]
+    assert len(model_events) == 2  # Run and Race (the prompt's Enter runs the same as Run)
+    for event in model_events:
+        assert len(event["outputs"]) > 1 and event["show_progress_on"]
+        assert {kinds[target] for target in event["show_progress_on"]} == {"state"}
+
+
 def test_only_the_documented_endpoint_is_public(client):
     api = client.view_api(print_info=False, return_format="dict")
     assert list(api["named_endpoints"]) == ["/trace"]
