@@ -8,7 +8,7 @@ that reset or describe controls when the model or tree changes (`switch_model`, 
 layout.py; those that only show and hide the sidebar's controls live in sidebar.py, and the
 `/trace` endpoint in api.py.
 
-While a run streams, the token stream updates every `PUSH_EVERY` seconds but the tree and mask
+While a run streams, the token stream updates every `STREAM_EVERY` seconds but the tree and mask
 only on the first round, now and then and at the end: redrawing a 64-node tree and its 64x64
 mask for every round would keep the browser busy long after the run ends. "Now and then" is
 every `FIGURES_EVERY` seconds, or less often where drawing the figures takes longer: the run
@@ -52,7 +52,11 @@ from .store import cache, write_json
 from .text import Step, render_steps
 from .waiting import BOARD
 
-PUSH_EVERY = 0.25  # seconds between updates of the token stream while a run streams
+# Seconds between updates of a run's token stream and summary while the model decodes: each costs
+# the browser about 60 ms of a core it shares with the model (SmolLM2, the 64-node tree: 40 updates
+# a run kept its main thread busy 6.2-7.3 s, 16 updates 5.1-5.5 s, and the run took 2 s less).
+STREAM_EVERY = 1.0
+PUSH_EVERY = 0.25  # seconds between frames of the race's replay (its runs are over: nothing is measured)
 FIGURES_EVERY = 2.0  # seconds between redraws of the tree and mask while a run streams, at least
 FIGURES_SHARE = 0.1  # the most of a run's time spent building and drawing its figures while it streams
 # The browser's time to draw a round's tree and mask, in multiples of the server's time to build
@@ -194,7 +198,7 @@ def _stream_run(page: Page, values: dict) -> Iterator[dict]:
         now = time.perf_counter()
         update = {}
         done = views.finished(trace)
-        if done or now - last_text >= PUSH_EVERY:
+        if done or now - last_text >= STREAM_EVERY:
             last_text = now
             ended = time.time() if done else None
             update |= {page.run_state: trace, page.stream_box: views.stream_view(trace, ended_at=ended),

@@ -525,7 +525,7 @@ def test_a_big_trees_figures_are_drawn_on_the_first_round_and_the_last_only(tiny
     """On a small CPU the browser drawing the figures takes the cores the run needs
     (handlers.BROWSER_COST): figures that take 0.2 s to build, as a 64-node tree's do on a 2-core
     CPU, are drawn on the first round and at the end of a run of several seconds, never in
-    between, while the token stream updates at most every PUSH_EVERY seconds and always at the end."""
+    between, while the token stream updates at most every STREAM_EVERY seconds and always at the end."""
     from app import handlers
 
     updates, drawn, seconds = _timed_run(tiny_model_dir, monkeypatch, build_seconds=0.2)
@@ -534,7 +534,7 @@ def test_a_big_trees_figures_are_drawn_on_the_first_round_and_the_last_only(tiny
     assert drawn == [0, rounds - 1]
     assert updates[-1]["tree_plot"] == f"round {rounds - 1}" and "stopped" in updates[-1]["summary"]
     texts = [u for u in updates if "stream_box" in u]
-    assert len(texts) <= seconds / handlers.PUSH_EVERY + 2 and "data-ended" in texts[-1]["stream_box"]
+    assert len(texts) <= seconds / handlers.STREAM_EVERY + 2 and "data-ended" in texts[-1]["stream_box"]
 
 
 def test_a_small_trees_figures_still_follow_the_run(tiny_model_dir, monkeypatch):
