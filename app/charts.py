@@ -6,6 +6,8 @@ from collections import Counter
 
 import plotly.graph_objects as go
 
+from decoding.cost_curve import is_rough
+from decoding.machine_load import BUSY_CORES
 from decoding.race import RaceResult
 from decoding.stats import Timing, round_cost, round_end_times
 from decoding.trace import CostCurve, RunTrace
@@ -142,6 +144,16 @@ def speed_figure(run: RunTrace, race: RaceResult | None, look: Look = LAPTOP) ->
     return base_layout(fig, height=round(300 * look.scale), look=look, uirevision="speed")
 
 
+def rough_curve_reason(curve: CostCurve) -> str:
+    """Why a cost curve is rough (`cost_curve.is_rough`), as a clause; empty for one measured on a
+    quiet machine."""
+    if not is_rough(curve):
+        return ""
+    if curve.other_cores is not None and curve.other_cores >= BUSY_CORES:
+        return f"other programs kept {curve.other_cores:.1f} cores busy while it measured"
+    return f"its repeats were {curve.spread:.0%} apart"
+
+
 def cost_curve_figure(curve: CostCurve | None, tree_nodes: int | None = None, look: Look = LAPTOP) -> go.Figure:
     """What a pass over T tokens costs here, in one-token steps, as measured on the loaded model,
     between the two regimes: flat (about 1, a memory-bound GPU) and T (every token a full step).
@@ -169,6 +181,8 @@ def cost_curve_figure(curve: CostCurve | None, tree_nodes: int | None = None, lo
     powers = [2**i for i in range(top.bit_length()) if 2**i <= top]
     # Two lines on a phone, where one was cut at its end ("costs he").
     title = "What a pass over T tokens<br>costs here" if look.narrow else "What a pass over T tokens costs here"
+    if rough_curve_reason(curve):
+        title += "<br><sup>measured on a busy machine: rough</sup>"
     fig.update_layout(title=dict(text=title, x=0.01),
                       legend=dict(orientation="h", yanchor="top", y=-0.28, x=0, xanchor="left"))
     fig.update_xaxes(title="tokens in one pass (T)", type="log", tickvals=curve.sizes)

@@ -21,7 +21,7 @@ from decoding.race import PLAIN, RaceResult
 from decoding.stats import Timing, rest_of_round_cost, round_cost, speedup, verify_cost
 from decoding.trace import CostCurve, RunTrace
 
-from .charts import acceptance_by_depth
+from .charts import acceptance_by_depth, rough_curve_reason
 from .drafter_costs import drafter_comparison
 from .eagle_views import NO_ACCURACY, GuessingAccuracy, after_medusa_values
 from .models import heads_recipe
@@ -241,12 +241,18 @@ def curve_values(curve: CostCurve | None, tree_nodes: int | None) -> dict[str, s
     shape = CURVE_SHAPES[curve_shape(curve)]
     values = {"cost_curve": (f"On this machine ({md_text(curve.device)}, {md_text(curve.dtype)}, {curve.threads} "
                              f"thread{'s' if curve.threads != 1 else ''}; one step {curve.step_seconds * 1e3:.1f} ms), "
-                             f"measured on the loaded model, {listed}: the curve is **{shape}**."),
+                             f"measured on the loaded model, {listed}: the curve is **{shape}**."
+                             f"{_rough(curve)}"),
               "curve_tree_cost": ""}
     if tree_nodes:
         values["curve_tree_cost"] = (f" The curve in step 1 puts a {tree_nodes}-token pass at "
                                      f"{_steps(curve.cost(tree_nodes))}.")
     return values
+
+
+def _rough(curve: CostCurve) -> str:
+    reason = rough_curve_reason(curve)
+    return f" **Measured on a busy machine** ({reason}): these costs are rough." if reason else ""
 
 
 def walkthrough_run(run: RunTrace | None, race: RaceResult | None) -> RunTrace | None:

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 
 from decoding import available_drafters
-from decoding.cost_curve import NOISY_SPREAD
 from decoding.limits import PAGE_LIMITS
 from decoding.model import LoadedModel
 from decoding.race import RaceResult
@@ -50,8 +49,8 @@ def expectation(model: LoadedModel) -> str:
         return ""
     curve = model.cost_curve
     choice = choose_tree(model.head_accuracy, curve)
-    noisy = (f"; the machine was busy then, its repeats {curve.spread:.0%} apart, so this is rough"
-             if curve.spread > NOISY_SPREAD else "")
+    reason = charts.rough_curve_reason(curve)
+    noisy = f"; the machine was busy then ({reason}), so this is rough" if reason else ""
     return (f"  \n**What to expect here:** Medusa's heads guess about {choice.expected_tokens:.2f} tokens a pass "
             f"(their held-out accuracy), and a round over its {choice.nodes + 1}-node tree costs "
             f"{choice.pass_cost + choice.draft_cost:.2f} one-token steps on this machine (measured when the model "

@@ -29,7 +29,8 @@ from transformers import GenerationConfig, PreTrainedModel
 from .drafters import check_settings, drafter_class, make_drafter
 from .dynamic_tree import DYNAMIC_TREE
 from .loops import encode_prompt, generate
-from .measure import MachineLoad, busy_note, combined, run_heat, timed_run
+from .machine_load import MachineLoad
+from .measure import busy_note, combined, run_heat, timed_run
 from .model import LoadedModel, padding_id
 from .settings import DEFAULT_METHOD, PLAIN, WARM_UP_TOKENS, DecodeSettings
 from .stats import Timing, recording_overhead, rest_of_round_cost, round_cost, speedup, verify_cost

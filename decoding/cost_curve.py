@@ -38,6 +38,7 @@ from .atomic import write_atomically
 from .features import FINAL_STATE
 from .fetch import cache_root
 from .kv_cache import compact_cache, new_cache
+from .machine_load import BUSY_CORES, LoadMeter
 from .model import LoadedModel
 from .passes import decode_one_token, draft, run_model, verify_tree
 from .trace import CostCurve
@@ -53,6 +54,14 @@ PASSES_VERSION = 2
 # A curve where most repeats of some size disagree by more than this (see `disagreement`) was
 # measured while something else ran: it is not cached.
 NOISY_SPREAD = 0.25
+
+
+def is_rough(curve: CostCurve) -> bool:
+    """Whether the curve was measured on a busy machine: its repeats far apart, or other programs
+    holding cores meanwhile (which can slow every repeat alike, so agreeing repeats do not prove
+    a quiet machine). A rough curve is used, and said to be rough, but never cached."""
+    busy = curve.other_cores is not None and curve.other_cores >= BUSY_CORES
+    return curve.spread > NOISY_SPREAD or busy
 
 
 def _curve_tree(size: int) -> Tree:
@@ -104,11 +113,13 @@ def measure_cost_curve(lm: LoadedModel, sizes: tuple[int, ...] = CURVE_SIZES, pa
 
     for size in sizes:  # warm-up: first calls allocate and pick kernels
         one_pass(size)
+    meter = LoadMeter()
     seconds: dict[int, list[float]] = {size: [] for size in sizes}
     for repeat in range(repeats):
         order = sizes[repeat % len(sizes):] + sizes[: repeat % len(sizes)]
         for size in order:
             seconds[size].append(one_pass(size))
+    load = meter.stop()
     step = statistics.median(seconds[1])
     spread = max(disagreement(times) for times in seconds.values())
     return CostCurve(
@@ -118,6 +129,7 @@ def measure_cost_curve(lm: LoadedModel, sizes: tuple[int, ...] = CURVE_SIZES, pa
         measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
         draft_cost=round(_draft_seconds(lm, hidden[-1] if hidden is not None else None, repeats) / step, 4),
         spread=round(spread, 4),
+        other_cores=None if load.others is None else round(load.others, 2),
     )
 
 
@@ -172,27 +184,27 @@ def _well_formed(curve: CostCurve) -> bool:
 def quiet_cost_curve(lm: LoadedModel) -> CostCurve:
     """The curve measured now, and once more if the machine was busy: the quieter of the two."""
     curve = measure_cost_curve(lm)
-    if curve.spread > NOISY_SPREAD:
-        curve = min(curve, measure_cost_curve(lm), key=lambda c: c.spread)
+    if is_rough(curve):
+        curve = min(curve, measure_cost_curve(lm), key=lambda c: (is_rough(c), c.other_cores or 0.0, c.spread))
     return curve
 
 
 def cached_cost_curve(lm: LoadedModel, remeasure: bool = False) -> CostCurve:
     """The model's cost curve from the cache if this machine measured it before, else measured now.
 
-    A cache file that is unreadable, not a curve, or a noisy curve is ignored and measured again;
-    a noisy measurement is used but not written.
+    A cache file that is unreadable, not a curve, or a rough curve is ignored and measured again;
+    a rough measurement is used but not written (`is_rough`).
     """
     path = cache_root() / CACHE_SUBDIR / f"{curve_key(lm)}.json"
     if not remeasure and _cacheable(lm) and path.is_file():
         try:
             cached = CostCurve(**json.loads(path.read_text(encoding="utf-8")))
-            if _well_formed(cached) and cached.spread <= NOISY_SPREAD:
+            if _well_formed(cached) and not is_rough(cached):
                 return cached
         except (OSError, ValueError, TypeError):
             pass
     curve = quiet_cost_curve(lm)
-    if _cacheable(lm) and curve.spread <= NOISY_SPREAD:
+    if _cacheable(lm) and not is_rough(curve):
         text = json.dumps(dataclasses.asdict(curve), indent=1)
         write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
     return curve

@@ -29,7 +29,8 @@ import torch
 
 from .drafters import check_settings
 from .errors import DecodingError
-from .measure import LoadMeter, MachineLoad, combined, heat_steps, threads_for_load, timed_run
+from .machine_load import LoadMeter, MachineLoad
+from .measure import combined, heat_steps, threads_for_load, timed_run
 from .model import LoadedModel
 from .settings import PLAIN, WARM_UP_TOKENS, DecodeSettings
 from .stats import Spread, Timing, draft_cost, speedup, spread

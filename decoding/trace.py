@@ -111,6 +111,8 @@ class CostCurve:
     # How far most repeats of one size disagreed, at worst (cost_curve.disagreement): a quiet
     # machine gives a few percent; another job running alongside, far more.
     spread: float = 0.0
+    # Cores other programs kept busy while it was measured (machine_load); None: not known.
+    other_cores: float | None = None
 
     def cost(self, size: int) -> float:
         """The cost of a `size`-token pass, linearly interpolated between measured sizes."""

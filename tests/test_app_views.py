@@ -206,7 +206,8 @@ def test_explainer_is_filled_with_this_runs_and_races_numbers(run):
 
 
 def test_step_one_says_why_its_two_step_times_differ_and_a_busy_race_says_so(run):
-    from decoding.measure import MachineLoad, busy_note
+    from decoding.machine_load import MachineLoad
+    from decoding.measure import busy_note
 
     race = _race(run, 0.004, 0.005, 0.003)
     curve = CostCurve(sizes=[1, 2], costs=[1.0, 1.1], step_seconds=0.002, device="cpu", dtype="float32",
@@ -345,6 +346,15 @@ def test_learn_step_one_states_the_cost_this_machine_measured(run):
     assert tree_cost in speedup and carries(tree_cost, run.tree.size, round(run.cost_curve.cost(run.tree.size), 2))
 
 
+def test_a_curve_measured_on_a_busy_machine_is_called_rough_beside_its_numbers(run):
+    run.cost_curve = dataclasses.replace(_curve([1.0, 0.93, 1.31, 2.47]), other_cores=1.3)
+    told = explainer_values(run, None)["cost_curve"]
+    assert numbers_in(told) == [2, 45.5, 4, 0.93, 16, 1.31, 64, 2.47, 1.3]  # the others' cores said last
+    assert "rough" in views.learn_figures(run, None)["cost-curve"].layout.title.text
+    run.cost_curve = dataclasses.replace(run.cost_curve, other_cores=0.1)
+    assert "rough" not in views.learn_figures(run, None)["cost-curve"].layout.title.text
+
+
 @pytest.mark.parametrize("curve", [None, _curve([1.0])], ids=["no curve", "only one-token steps timed"])
 def test_without_a_measured_curve_learn_says_so_and_draws_no_numbers(run, curve):
     run.cost_curve = curve
@@ -408,5 +418,8 @@ def test_near_run_the_page_says_what_this_machine_can_show_from_what_it_measured
     busy_then = dataclasses.replace(curve, spread=0.6)
     noisy = views.expectation(SimpleNamespace(head_accuracy=accuracy, cost_curve=busy_then))
     assert Counter(numbers_in(noisy)) - Counter(numbers_in(said)) == Counter([60])  # the repeats' spread, in %
+    crowded = views.expectation(SimpleNamespace(head_accuracy=accuracy, cost_curve=dataclasses.replace(
+        curve, other_cores=1.2)))
+    assert Counter(numbers_in(crowded)) - Counter(numbers_in(said)) == Counter([1.2])  # the others' cores
     assert views.expectation(SimpleNamespace(head_accuracy=None, cost_curve=curve)) == ""
     assert views.expectation(SimpleNamespace(head_accuracy=accuracy, cost_curve=None)) == ""

@@ -137,6 +137,26 @@ def test_a_curve_measured_on_a_busy_machine_is_measured_again_and_not_cached(nam
     assert cached_cost_curve(lm).measured_at == "quiet" and path.is_file()  # the next load measures again
 
 
+def test_a_curve_whose_repeats_agree_while_other_programs_held_cores_is_rough_too(named, monkeypatch):
+    """A neighbour holding a core can slow every repeat alike: agreeing repeats do not prove quiet."""
+    lm, _, path = named
+    crowded = replace(STEEP, spread=0.02, other_cores=1.2, measured_at="crowded")
+    curves = iter([crowded, replace(crowded, other_cores=0.8, measured_at="less crowded")])
+    monkeypatch.setattr(cost_curve_module, "measure_cost_curve", lambda lm: next(curves))
+    assert cached_cost_curve(lm).measured_at == "less crowded" and not path.exists()
+    assert not cost_curve_module.is_rough(replace(STEEP, other_cores=0.1))
+
+
+def test_the_curve_records_the_load_it_was_measured_under(tiny_llama, monkeypatch):
+    from decoding import machine_load
+
+    busy = iter(range(0, 10_000, 3))  # the kernel: 3 busy CPU seconds a tick, none of them ours
+    monkeypatch.setattr(machine_load, "_busy_cpu_seconds", lambda: float(next(busy)))
+    monkeypatch.setattr(machine_load, "_own_cpu_seconds", lambda: 0.0)
+    curve = measure_cost_curve(tiny_llama, sizes=(1, 2), repeats=3)
+    assert curve.other_cores is not None and curve.other_cores > 0 and cost_curve_module.is_rough(curve)
+
+
 def test_a_noisy_curve_in_the_cache_is_measured_again(named):
     lm, calls, path = named
     path.parent.mkdir(parents=True)

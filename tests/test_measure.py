@@ -7,24 +7,25 @@ import itertools
 import pytest
 import torch
 
-from decoding import measure
-from decoding.measure import MachineLoad, busy_note, combined, run_heat, threads_for_load
+from decoding import machine_load, measure
+from decoding.machine_load import MachineLoad
+from decoding.measure import busy_note, combined, run_heat, threads_for_load
 from decoding.settings import DecodeSettings
 
 
 def test_the_load_is_other_programs_cpu_time_over_the_wall_time(monkeypatch):
     """The kernel says 3 CPU seconds were busy over 2 s, 1 of them ours: others kept 1 core busy."""
     busy, own, wall = iter([10.0, 13.0]), iter([5.0, 6.0]), iter([100.0, 102.0])
-    monkeypatch.setattr(measure, "_busy_cpu_seconds", lambda: next(busy))
-    monkeypatch.setattr(measure, "_own_cpu_seconds", lambda: next(own))
-    monkeypatch.setattr(measure.time, "perf_counter", lambda: next(wall))
-    load = measure.LoadMeter().stop()
+    monkeypatch.setattr(machine_load, "_busy_cpu_seconds", lambda: next(busy))
+    monkeypatch.setattr(machine_load, "_own_cpu_seconds", lambda: next(own))
+    monkeypatch.setattr(machine_load.time, "perf_counter", lambda: next(wall))
+    load = machine_load.LoadMeter().stop()
     assert load.others == pytest.approx(1.0) and load.seconds == pytest.approx(2.0) and load.busy
 
 
 def test_where_the_kernel_does_not_say_the_load_is_unknown_not_quiet(monkeypatch):
-    monkeypatch.setattr(measure, "_busy_cpu_seconds", lambda: None)
-    load = measure.LoadMeter().stop()
+    monkeypatch.setattr(machine_load, "_busy_cpu_seconds", lambda: None)
+    load = machine_load.LoadMeter().stop()
     assert load.others is None and not load.busy and busy_note(load) == ""
 
 
