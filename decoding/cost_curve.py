@@ -48,9 +48,10 @@ CURVE_SIZES = (1, 2, 4, 8, 16, 32, 64)
 PAST = 128  # cached tokens before each timed pass: a prompt and the start of an answer
 REPEATS = 5
 CACHE_SUBDIR = "cost_curves"
-# Part of the cache key: raised when the passes' own code changes what they cost, so curves
-# measured before are measured again (2: the lm_head's one row through the packed kernel).
-PASSES_VERSION = 2
+# Part of the cache key: raised when what a cached curve means changes, so curves measured before
+# are measured again (2: the lm_head's one row through the packed kernel; 3: a curve records the
+# load it was measured under, and one measured while other programs held cores is not cached).
+CURVE_VERSION = 3
 # A curve where most repeats of some size disagree by more than this (see `disagreement`) was
 # measured while something else ran: it is not cached.
 NOISY_SPREAD = 0.25
@@ -163,7 +164,7 @@ def curve_key(lm: LoadedModel) -> str:
         "torch": torch.__version__, "model": lm.name,
         "parameters": sum(p.numel() for p in lm.model.parameters()),
         "dtype": str(lm.dtype), "attention": lm.model.config._attn_implementation,
-        "heads": lm.num_heads, "sizes": list(CURVE_SIZES), "past": PAST, "passes": PASSES_VERSION,
+        "heads": lm.num_heads, "sizes": list(CURVE_SIZES), "past": PAST, "version": CURVE_VERSION,
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
 

@@ -99,11 +99,14 @@ def test_a_corrupt_cache_file_is_ignored_and_measured_again(named, garbage):
     assert CostCurve(**json.loads(path.read_text())).measured_at == "call 1"
 
 
-def test_the_cache_key_changes_with_what_changes_the_costs(named):
+def test_the_cache_key_changes_with_what_changes_the_costs(named, monkeypatch):
     lm, _, _ = named
     assert curve_key(lm) == curve_key(replace(lm))
     assert curve_key(lm) != curve_key(replace(lm, name="other"))
     assert curve_key(lm) != curve_key(replace(lm, dtype=torch.bfloat16))
+    before = curve_key(lm)
+    monkeypatch.setattr(cost_curve_module, "CURVE_VERSION", cost_curve_module.CURVE_VERSION + 1)
+    assert curve_key(lm) != before  # curves cached before a change of what they mean are measured again
 
 
 @pytest.mark.parametrize("step_times, spread", [
