@@ -4,7 +4,7 @@
     python -m scripts.screenshots --model DIR     # any model the page can offer
 
 Views: a laptop at 1280x800 (start, after Run, the race, stats, the walkthrough), projector mode
-at 1920x1080 (on the paper's 64-node tree) and at 1280x720, a phone at 390x844 (start, tree, Learn), and, on a
+at 1920x1080 (on the paper's 64-node tree) and at 1280x720, a phone at 390x844, and, on a
 model with a draft model (`--drafters-model`), the race's lanes, a draft-model round, the
 walkthrough's measured comparison and a prompt-lookup round on a prompt that repeats itself.
 
@@ -251,9 +251,7 @@ def photograph_phone(page, url: str, folder: Path, prompt: str | None) -> list[P
     run_prompt(page, prompt)
     page.locator("#tree-plot").scroll_into_view_if_needed()
     page.wait_for_timeout(800)
-    shots.append(shoot(page, folder / "09-phone-tree.png", full_page=False))
-    open_tab(page, "Learn")  # the step bar and step 1's cost curve on a narrow screen
-    return shots + [shoot(page, folder / "10-phone-learn.png")]
+    return shots + [shoot(page, folder / "09-phone-tree.png", full_page=False)]
 
 
 def main() -> None:
