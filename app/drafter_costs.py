@@ -69,9 +69,9 @@ def _eagle(race: RaceResult) -> str:
     size = (f"**{count(info.parameters)} parameters** ({megabytes(info.weight_bytes)}) over the big model's own "
             f"features, with a small KV cache of its own ({megabytes(info.cache_bytes)}); " if info else "")
     return (f"- **EAGLE's draft layer** (one decoder layer; see *After Medusa*): {size}"
-            f"{draft_passes_per_round(race, 'eagle'):.1f} passes of that one layer a round, costing "
-            f"**{race.draft_cost('eagle'):.2f} plain steps**; {timing.tokens_per_pass:.2f} tokens per pass → "
-            f"{_speed(race, 'eagle')}.")
+            f"{draft_passes_per_round(race, EAGLE):.1f} passes of that one layer a round, costing "
+            f"**{race.draft_cost(EAGLE):.2f} plain steps**; {timing.tokens_per_pass:.2f} tokens per pass → "
+            f"{_speed(race, EAGLE)}.")
 
 
 def _lookup(race: RaceResult) -> str:
