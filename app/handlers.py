@@ -93,7 +93,10 @@ class Page:
     run_download: Component
     race_download: Component
     playing: Component
-    timer: Component
+    play_timer: Component
+    # Asks what the model is busy with for another visitor; off while this page's own run or race
+    # runs (app/waiting.py): each tick is a request to the process whose runs are being timed.
+    waiting_timer: Component
     play_button: Component
     prev_button: Component
     next_button: Component
@@ -122,7 +125,7 @@ class Page:
     def after_run(self) -> list[Component]:
         return [self.stats_md, *self.stats_plots.values(), self.banner_md, *self.step_mds,
                 *self.learn_plots.values(),
-                self.run_download, self.race_download]
+                self.run_download, self.race_download, self.waiting_timer]
 
 
 def look_of(projector: bool, width: float | None) -> Look:
@@ -147,6 +150,13 @@ def _load(name: str) -> LoadedModel:
         return cache.get(require_offered(name))
     except DecodingError as e:
         raise refusal(e) from e
+
+
+def own_work_begins(page: Page) -> dict:
+    """The page stops asking what the model is busy with once its own run or race has the model,
+    until `after_run`: the board has nothing to tell it then, and each ask is a request to the
+    process whose runs are being timed (docs/page-race.md)."""
+    return {page.waiting_timer: gr.Timer(active=False)}
 
 
 # ----------------------------------------------------------------------------- run
@@ -191,7 +201,7 @@ def _stream_run(page: Page, values: dict) -> Iterator[dict]:
     request, look = page.read(values), page.look(values)
     model = cache.get(require_offered(request.model))
     settings = decode_settings(model, request)
-    yield {page.tabs: gr.Tabs(selected="playground"), page.summary: "Starting the run…"}
+    yield {page.tabs: gr.Tabs(selected="playground"), page.summary: "Starting the run…", **own_work_begins(page)}
     first_round_after = None
     last_text = next_figures = 0.0
     for trace in stream(model, request.prompt, settings):
@@ -257,7 +267,7 @@ def _stream_race(page: Page, values: dict, session: str) -> Iterator[dict]:
         else:
             update = race_updates(page, race_views.race_view(frame, look))
         if not last_phase:  # the first frame: show the Race tab, clear the last race's verdict
-            update[page.tabs] = gr.Tabs(selected="race")
+            update |= {page.tabs: gr.Tabs(selected="race"), **own_work_begins(page)}
         if frame.result is not None:
             update |= {page.race_state: frame.result, page.run_state: frame.result.shown[frame.result.focus]}
         last_push, last_phase = now, frame.phase
@@ -277,8 +287,10 @@ def model_accuracy(run: RunTrace | None, result: RaceResult | None) -> GuessingA
     return GuessingAccuracy.of(cache.loaded_model(trace.model) if trace else None)
 
 
-def after_run(page: Page, values: dict) -> dict:
-    """Stats, the explainer's numbers and the downloads, once a run (or race) has finished."""
+def after_run(page: Page, values: dict, session: str = "") -> dict:
+    """Stats, the explainer's numbers and the downloads, once a run (or race) has finished; the
+    page asks what the model is busy with again, unless its next run or race has already begun
+    (a visitor may press Race again while this one's after-work is on its way)."""
     run: RunTrace | None = values[page.run_state]
     result: RaceResult | None = values[page.race_state]
     look = page.look(values)
@@ -296,6 +308,7 @@ def after_run(page: Page, values: dict) -> dict:
         **_by_name(page.learn_plots, views.learn_figures(run, result, look, accuracy)),
         page.run_download: gr.DownloadButton(value=run_file, interactive=run_file is not None),
         page.race_download: gr.DownloadButton(value=race_file, interactive=race_file is not None),
+        page.waiting_timer: gr.Timer(active=not BOARD.runs_for(session)),
     }
 
 
@@ -344,7 +357,7 @@ def toggle_play(page: Page, values: dict) -> dict:
     """Play or pause; playing from the last round starts again at round 1."""
     trace = values[page.run_state]
     start = not values[page.playing] and trace is not None and len(trace.rounds) > 1
-    update = {page.playing: start, page.timer: gr.Timer(active=start),
+    update = {page.playing: start, page.play_timer: gr.Timer(active=start),
               page.play_button: gr.Button(value="⏸ Pause" if start else "▶ Play")}
     if start and int(values[page.slider]) >= len(trace.rounds):
         update |= show_round(page, values, 0)
@@ -356,7 +369,8 @@ def play_tick(page: Page, values: dict) -> dict:
     trace = values[page.run_state]
     index = int(values[page.slider])  # the next round, 0-based
     if trace is None or index >= len(trace.rounds):
-        return {page.playing: False, page.timer: gr.Timer(active=False), page.play_button: gr.Button(value="▶ Play")}
+        return {page.playing: False, page.play_timer: gr.Timer(active=False),
+                page.play_button: gr.Button(value="▶ Play")}
     return show_round(page, values, index)
 
 

@@ -169,7 +169,8 @@ def build_demo() -> gr.Blocks:
                                                elem_id="download-trace")
                     race_dl = gr.DownloadButton("Download the races' traces (JSON)", interactive=False)
 
-        timer = gr.Timer(PLAY_EVERY, active=False)
+        play_timer = gr.Timer(PLAY_EVERY, active=False)
+        waiting_timer = gr.Timer(WAITING_EVERY)
         page = Page(
             request=dict(prompt=prompt, model=model_dd, max_new_tokens=max_new, **acceptance,
                          races=race_tab["races"], lanes=race_tab["lanes"],
@@ -177,14 +178,15 @@ def build_demo() -> gr.Blocks:
             projector=projector, width=width, tabs=tabs, run_state=run_state, race_state=race_state,
             stats_md=stats_md, stats_plots=dict(histogram=hist_plot, depths=heads_plot, speed=speed_plot),
             banner_md=banner_md,
-            step_mds=step_mds, run_download=run_dl, race_download=race_dl, playing=playing, timer=timer,
+            step_mds=step_mds, run_download=run_dl, race_download=race_dl, playing=playing, play_timer=play_timer,
+            waiting_timer=waiting_timer,
             steps=steps, learn_plots=learn_plots, **playground,
             **{k: v for k, v in race_tab.items() if k not in ("races", "lanes")},
         )
         _wire_runs(page, run_btn, race_btn)
         # Outside the queue: a waiting visitor's page asks every few seconds what the model is busy
         # with, and those questions must neither wait behind the model nor fill the queue.
-        gr.Timer(WAITING_EVERY).tick(_waiting_notice, None, waiting_md, queue=False, show_progress="hidden",
+        waiting_timer.tick(_waiting_notice, None, waiting_md, queue=False, show_progress="hidden",
                                      **PRIVATE)
         _wire_rounds(page)
         _wire_settings(page, model_dd, current_model, model_md, example_dd, examples, drafter["tree_status"])
@@ -253,6 +255,13 @@ def _handler(fn: Callable, page: Page) -> Callable[[dict], dict]:
     return handler
 
 
+def _in_session(fn: Callable, page: Page) -> Callable[[dict, gr.Request], dict]:
+    """`fn(page, values, session)` as an event handler that knows which page asked (app/waiting.py)."""
+    def handler(values: dict, request: gr.Request) -> dict:
+        return fn(page, values, request.session_hash or "")
+    return handler
+
+
 def _streaming(fn: Callable, page: Page) -> Callable[[dict, gr.Request], Iterator[dict]]:
     """`fn(page, values, session)` as a streaming event handler; the session tells this page's own
     model work from another visitor's (app/waiting.py)."""
@@ -266,7 +275,7 @@ def _waiting_notice(request: gr.Request) -> str:
 
 
 def _wire_runs(page: Page, run_btn: gr.Button, race_btn: gr.Button) -> None:
-    after = dict(fn=_handler(handlers.after_run, page),
+    after = dict(fn=_in_session(handlers.after_run, page),
                  inputs={page.run_state, page.race_state, page.projector, page.width},
                  outputs=page.after_run(), **PRIVATE)
     # No progress animation: the run's summary and the race's status line say where they are, and
@@ -274,13 +283,13 @@ def _wire_runs(page: Page, run_btn: gr.Button, race_btn: gr.Button) -> None:
     # ticks one every animation frame for each output it marks pending, even hidden: so it marks
     # only a State, which draws nothing.
     model_work = dict(concurrency_id=MODEL_QUEUE, concurrency_limit=1, show_progress="hidden", **PRIVATE)
-    run_outputs = [page.tabs, page.run_state, *page.playground()]
+    run_outputs = [page.tabs, page.run_state, *page.playground(), page.waiting_timer]
     for trigger in (run_btn.click, page.request["prompt"].submit):
         trigger(gpu(_streaming(handlers.run_drafter, page)), page.inputs(), run_outputs,
                 show_progress_on=page.run_state, **model_work).then(**after)
     run_btn.click(None, js=SCROLL_TO_ROUND, **PRIVATE)
     race_btn.click(None, js=SCROLL_TO_RESULTS, **PRIVATE)
-    race_outputs = [page.tabs, page.run_state, page.race_state, *page.race_views()]
+    race_outputs = [page.tabs, page.run_state, page.race_state, *page.race_views(), page.waiting_timer]
     race_btn.click(gpu(_streaming(handlers.run_race, page), duration=300), page.inputs(), race_outputs,
                    show_progress_on=page.race_state, **model_work).then(
         _handler(handlers.show_run, page), {page.run_state, page.projector, page.width}, page.playground(),
@@ -311,9 +320,9 @@ def _wire_rounds(page: Page) -> None:
     page.prev_button.click(previous, inputs, outputs, **quiet)
     page.next_button.click(following, inputs, outputs, **quiet)
     page.stream_box.click(clicked, inputs, outputs, **quiet)
-    play_outputs = [*outputs, page.playing, page.timer, page.play_button]
+    play_outputs = [*outputs, page.playing, page.play_timer, page.play_button]
     page.play_button.click(_handler(handlers.toggle_play, page), inputs | {page.playing}, play_outputs, **quiet)
-    page.timer.tick(_handler(handlers.play_tick, page), inputs, play_outputs, **quiet)
+    page.play_timer.tick(_handler(handlers.play_tick, page), inputs, play_outputs, **quiet)
 
 
 def _by_name(fn: Callable[..., dict], components: dict[str, Component], example: object = None,

@@ -36,6 +36,11 @@ class Board:
             if self._now is not None and self._now.session == session:
                 self._now = None
 
+    def runs_for(self, session: str) -> bool:
+        """Whether the model's work now is this page's own run or race."""
+        with self._lock:
+            return self._now is not None and self._now.session == session
+
     def notice(self, session: str) -> str:
         """For the page of `session`: what the model is busy with for someone else (empty if it
         is idle, or busy with this page's own run, which its own status line tells)."""

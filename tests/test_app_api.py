@@ -442,6 +442,29 @@ def _page_and_values(model_dir: str, **request):
     return page, values
 
 
+
+def test_a_page_stops_asking_what_the_model_does_while_its_own_run_or_race_runs(tiny_model_dir, monkeypatch):
+    """The first update of a page's own run or race turns its waiting timer off (each tick is a
+    request to the process being timed); the update after it turns the timer on again."""
+    from app import handlers
+
+    monkeypatch.setenv("MEDUSA_PLAYGROUND_MODEL", tiny_model_dir)
+    page, values = _page_and_values(tiny_model_dir, prompt="It is a truth", max_new_tokens=8, races=1)
+    for work in (handlers.run_drafter, handlers.run_race):
+        updates = list(work(page, values))
+        assert updates[0]["waiting_timer"].active is False
+        assert all("waiting_timer" not in update for update in updates[1:])
+        values |= {key: updates[-1][key] for key in ("run_state", "race_state") if key in updates[-1]}
+    values |= {"run_state": values.get("run_state"), "race_state": values.get("race_state")}
+    assert handlers.after_run(page, values, "this page")["waiting_timer"].active is True
+    # The visitor pressed Race again before this run's after-work came: the timer stays off.
+    handlers.BOARD.post("this page", "race")
+    try:
+        assert handlers.after_run(page, values, "this page")["waiting_timer"].active is False
+        assert handlers.after_run(page, values, "another page")["waiting_timer"].active is True
+    finally:
+        handlers.BOARD.clear("this page")
+
 @pytest.mark.parametrize("request_fields, message", [
     (dict(prompt=""), "the prompt is empty"),
     (dict(prompt="It is", tree_text="[[0], [0"), "the tree JSON is malformed"),

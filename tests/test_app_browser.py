@@ -456,3 +456,32 @@ def test_nothing_animates_while_a_run_streams(page):
     seen = page.evaluate("window.__animations")
     assert seen["frames"] > 0, "no frame was drawn while the run streamed"
     assert seen["endless"] == []
+
+
+def test_a_page_stops_asking_what_the_model_does_while_its_own_race_runs(page):
+    """A page asks every WAITING_EVERY seconds what the model is busy with for another visitor. Each
+    ask is a request to the process whose runs the race is timing: the racing page's own asks stop
+    while its race runs, also when Race is pressed again the moment the last race says Done (before
+    that race's after-work has reached the page), and start again after."""
+    from app.layout import WAITING_EVERY
+
+    asks = []
+    page.on("request", lambda r: asks.append(time.perf_counter()) if r.url.endswith("/run/predict") else None)
+    page.wait_for_timeout(3_000 * WAITING_EVERY)
+    assert asks, "the page never asked what the model is busy with"
+    open_tab(page, "Race")
+    for name in ("draft model", "prompt lookup"):  # lanes enough for a race of several asks' length
+        page.locator("#race-lanes-picker").get_by_label(name).check()
+    tokens = page.locator("#max-new-tokens input[type=number]")
+    tokens.fill("256")
+    tokens.press("Enter")
+    page.wait_for_timeout(500)
+    for _ in range(2):
+        pressed = time.perf_counter()
+        run_race(page, races=2)
+        done = time.perf_counter()
+        own_race = (pressed + 1.0, done - 0.3)  # its first frame stops the asks; one may be on its way
+        assert own_race[1] - own_race[0] > 2 * WAITING_EVERY, "the race ended too soon to tell"
+        assert [round(t - pressed, 1) for t in asks if own_race[0] < t < own_race[1]] == []
+    page.wait_for_timeout(3_000 * WAITING_EVERY)
+    assert any(t > done for t in asks), "the page did not ask again after its race"
