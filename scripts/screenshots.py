@@ -142,7 +142,11 @@ def run_race(page, races: int | None = None, timeout_ms: int = 300_000) -> str:
 
 
 def open_tab(page, name: str) -> None:
-    page.get_by_role("tab", name=name).click()
+    tab = page.get_by_role("tab", name=name)
+    if not tab.count() or not tab.first.is_visible():  # a phone: the tabs that do not fit are in a menu
+        page.locator(".overflow-menu button").first.click()
+        tab = page.locator(".overflow-dropdown button", has_text=name)
+    tab.first.click()
     page.wait_for_timeout(600)  # the tab's figures re-fit after a resize event
 
 
@@ -251,7 +255,9 @@ def photograph_phone(page, url: str, folder: Path, prompt: str | None) -> list[P
     run_prompt(page, prompt)
     page.locator("#tree-plot").scroll_into_view_if_needed()
     page.wait_for_timeout(800)
-    return shots + [shoot(page, folder / "09-phone-tree.png", full_page=False)]
+    shots.append(shoot(page, folder / "09-phone-tree.png", full_page=False))
+    open_tab(page, "Learn")
+    return shots + [shoot(page, folder / "10-phone-learn.png", full_page=False)]
 
 
 def main() -> None:

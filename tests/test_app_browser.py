@@ -384,9 +384,11 @@ def mask_hover(page, row: int, col: int) -> str:
     size = page.evaluate("document.querySelector('#mask-plot .js-plotly-plot').data[0].z.length")
     box = page.locator("#mask-plot .nsewdrag").first.bounding_box()
     page.mouse.move(box["x"] + (col + 0.5) * box["width"] / size, box["y"] + (row + 0.5) * box["height"] / size)
-    label = page.locator("#mask-plot .hovertext")
-    label.first.wait_for(timeout=5_000)
-    return label.first.text_content()
+    # The label of the cell under the pointer, not the last cell's, which may still be shown.
+    page.wait_for_function(
+        """([row, col]) => { const t = document.querySelector('#mask-plot .hovertext')?.textContent ?? '';
+          return t.startsWith(`node ${row} `) && t.includes(` node ${col} `); }""", arg=[row, col], timeout=5_000)
+    return page.locator("#mask-plot .hovertext").first.text_content()
 
 
 def test_the_masks_hover_says_why_and_the_summary_adds_up(page):
