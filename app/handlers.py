@@ -29,22 +29,17 @@ from dataclasses import dataclass, field
 import gradio as gr
 from gradio.components import Component
 
-from decoding import available_drafters
 from decoding.errors import DecodingError
 from decoding.loops import stream
-from decoding.model import LoadedModel
-from decoding.race import RaceResult, default_lanes, race
+from decoding.race import RaceResult, race
 from decoding.trace import RunTrace
 
 from . import charts, lanes, race_views, views
 from .eagle_views import GuessingAccuracy
 from .figure_style import Look
 from .inputs import (
-    PAGE_UNSET,
     RunRequest,
     decode_settings,
-    describe_tree,
-    format_choices,
     race_lanes,
 )
 from .models import require_offered
@@ -94,9 +89,7 @@ class Page:
     race_download: Component
     playing: Component
     play_timer: Component
-    # Asks what the model is busy with for another visitor; off while this page's own run or race
-    # runs (app/waiting.py): each tick is a request to the process whose runs are being timed.
-    waiting_timer: Component
+    waiting_timer: Component  # asks what the model is busy with for another visitor (app/waiting.py)
     play_button: Component
     prev_button: Component
     next_button: Component
@@ -145,18 +138,11 @@ def refusal(error: DecodingError) -> gr.Error:
     return gr.Error(toast_text(error), print_exception=False)
 
 
-def _load(name: str) -> LoadedModel:
-    try:
-        return cache.get(require_offered(name))
-    except DecodingError as e:
-        raise refusal(e) from e
-
-
-def own_work_begins(page: Page) -> dict:
-    """The page stops asking what the model is busy with once its own run or race has the model,
-    until `after_run`: the board has nothing to tell it then, and each ask is a request to the
-    process whose runs are being timed (docs/page-race.md)."""
-    return {page.waiting_timer: gr.Timer(active=False)}
+def waiting_asks(page: Page, session: str) -> dict:
+    """The page asks what the model is busy with unless the model's work is its own run or race:
+    the board has nothing to tell it then, and each ask is a request to the process whose runs
+    are being timed (docs/page-race.md)."""
+    return {page.waiting_timer: gr.Timer(active=not BOARD.runs_for(session))}
 
 
 # ----------------------------------------------------------------------------- run
@@ -189,19 +175,19 @@ def run_drafter(page: Page, values: dict, session: str = "") -> Iterator[dict]:
     request = page.read(values)
     BOARD.post(session, f"run ({lanes.in_sentence(request.method)}, up to {request.max_new_tokens} tokens)")
     try:
-        yield from _stream_run(page, values)
+        yield from _stream_run(page, values, session)
     except DecodingError as e:
         yield refused(page, values, e, "playground")
     finally:
         BOARD.clear(session)
 
 
-def _stream_run(page: Page, values: dict) -> Iterator[dict]:
+def _stream_run(page: Page, values: dict, session: str) -> Iterator[dict]:
     pressed = time.perf_counter()
     request, look = page.read(values), page.look(values)
     model = cache.get(require_offered(request.model))
     settings = decode_settings(model, request)
-    yield {page.tabs: gr.Tabs(selected="playground"), page.summary: "Starting the run…", **own_work_begins(page)}
+    yield {page.tabs: gr.Tabs(selected="playground"), page.summary: "Starting the run…", **waiting_asks(page, session)}
     first_round_after = None
     last_text = next_figures = 0.0
     for trace in stream(model, request.prompt, settings):
@@ -267,7 +253,7 @@ def _stream_race(page: Page, values: dict, session: str) -> Iterator[dict]:
         else:
             update = race_updates(page, race_views.race_view(frame, look))
         if not last_phase:  # the first frame: show the Race tab, clear the last race's verdict
-            update |= {page.tabs: gr.Tabs(selected="race"), **own_work_begins(page)}
+            update |= {page.tabs: gr.Tabs(selected="race"), **waiting_asks(page, session)}
         if frame.result is not None:
             update |= {page.race_state: frame.result, page.run_state: frame.result.shown[frame.result.focus]}
         last_push, last_phase = now, frame.phase
@@ -308,7 +294,7 @@ def after_run(page: Page, values: dict, session: str = "") -> dict:
         **_by_name(page.learn_plots, views.learn_figures(run, result, look, accuracy)),
         page.run_download: gr.DownloadButton(value=run_file, interactive=run_file is not None),
         page.race_download: gr.DownloadButton(value=race_file, interactive=race_file is not None),
-        page.waiting_timer: gr.Timer(active=not BOARD.runs_for(session)),
+        **waiting_asks(page, session),
     }
 
 
@@ -372,39 +358,3 @@ def play_tick(page: Page, values: dict) -> dict:
         return {page.playing: False, page.play_timer: gr.Timer(active=False),
                 page.play_button: gr.Button(value="▶ Play")}
     return show_round(page, values, index)
-
-
-# ----------------------------------------------------------------------------- settings
-
-# What `switch_model` updates, by name (layout.py maps the names to the components).
-SWITCH_MODEL_OUTPUTS = ("model", "current_model", "model_card", "num_heads", "preset", "tree_text", "method",
-                        "lanes")
-
-
-def switch_model(name: str, previous: str, method: str) -> dict[str, object]:
-    """Load the chosen model; if it cannot load, say why and go back to the previous one. The
-    drafter choices become the new model's; the chosen drafter stays where the model offers it.
-    Updates by name (one of SWITCH_MODEL_OUTPUTS); a name left out keeps its component as it is."""
-    try:
-        model = cache.get(require_offered(name))
-    except DecodingError as e:
-        gr.Warning(toast_text(e))
-        return {"model": previous, "current_model": previous}
-    drafters = available_drafters(model)
-    return {"current_model": name, "model_card": views.model_card(model),
-            "num_heads": gr.Slider(maximum=model.num_heads, value=PAGE_UNSET),
-            "preset": gr.Dropdown(choices=list(model.trees), value=model.default_tree),
-            "tree_text": format_choices(model.trees[model.default_tree]),
-            "method": gr.Radio(choices=lanes.choices(drafters), value=method if method in drafters else drafters[0]),
-            "lanes": gr.CheckboxGroup(choices=lanes.choices(drafters, short=True), value=default_lanes(drafters))}
-
-
-def preset_text(model_name: str, preset: str) -> str:
-    trees = _load(model_name).trees
-    return format_choices(trees[preset]) if preset in trees else gr.skip()
-
-
-def tree_status(text: str, num_heads: float, model_name: str, preset: str) -> str:
-    """The tree editor's status line; the heads slider's PAGE_UNSET means all the model's heads."""
-    model = _load(model_name)
-    return describe_tree(text, model.trees.get(preset), model.num_heads, int(num_heads) or model.num_heads)

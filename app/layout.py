@@ -30,7 +30,7 @@ from .api import trace_api
 from .figure_style import MASK_SHARE, SIDEBAR_CLOSED_BELOW, SIDEBAR_PX, message_figure
 from .gpu import ON_ZERO_GPU, gpu
 from .handlers import Page
-from .models import missing_models, model_choices, warm_up
+from .models import model_choices, model_note, warm_up
 from .race_views import RACE_IDLE
 from .text import Step, load_steps, load_text, render_steps
 from .views import learn_banner, learn_figures, model_card, stats_figures, stats_text, stream_view
@@ -89,15 +89,6 @@ def example_rows(model_names: list[str]) -> list[tuple[str, str]]:
 def example_label(prompt: str, model: str) -> str:
     first = prompt.strip().splitlines()[0]
     return f"{model} · {first if len(first) <= 56 else first[:55] + '…'}"
-
-
-def model_note() -> str | None:
-    """Under the model menu: which model is missing and the command that adds it (None if none)."""
-    missing = missing_models()
-    if not missing:
-        return None
-    return " ".join(f"Not here yet: {name} (run `python -m decoding fetch {name}` once, online)."
-                    for name in missing)
 
 
 def build_demo() -> gr.Blocks:
@@ -343,14 +334,14 @@ def _wire_settings(page: Page, model_dd: gr.Dropdown, current_model: gr.State, m
                 "model_card": model_md}
     show, outputs = _by_name(sidebar.acceptance_controls, controls, DEFAULTS.acceptance)
     request["acceptance"].change(show, request["acceptance"], outputs, **PRIVATE)
-    switch, outputs = _by_name(handlers.switch_model, controls, names=handlers.SWITCH_MODEL_OUTPUTS)
+    switch, outputs = _by_name(sidebar.switch_model, controls, names=sidebar.SWITCH_MODEL_OUTPUTS)
     model_dd.change(gpu(switch, duration=180), [model_dd, current_model, request["method"]], outputs,
                     concurrency_id=MODEL_QUEUE, concurrency_limit=1, **PRIVATE)
     show, outputs = _by_name(sidebar.drafter_controls, controls, DEFAULTS.method)
     request["method"].change(show, request["method"], outputs, **PRIVATE)
-    request["preset"].change(handlers.preset_text, [model_dd, request["preset"]], request["tree_text"], **PRIVATE)
+    request["preset"].change(sidebar.preset_text, [model_dd, request["preset"]], request["tree_text"], **PRIVATE)
     for source in (request["tree_text"].change, request["num_heads"].change):
-        source(handlers.tree_status, [request["tree_text"], request["num_heads"], model_dd, request["preset"]],
+        source(sidebar.tree_status, [request["tree_text"], request["num_heads"], model_dd, request["preset"]],
                tree_md, **PRIVATE)
 
     def pick_example(index: str | None) -> tuple:

@@ -60,6 +60,15 @@ def missing_models() -> dict[str, str]:
     return {name: why for name, why in _wheel_models().items() if name not in offered}
 
 
+def model_note() -> str | None:
+    """Under the model menu: which model is missing and the command that adds it (None if none)."""
+    missing = missing_models()
+    if not missing:
+        return None
+    return " ".join(f"Not here yet: {name} (run `python -m decoding fetch {name}` once, online)."
+                    for name in missing)
+
+
 def model_choices() -> list[tuple[str, str]]:
     """(label, name) pairs for the model menu, default first."""
     return [(describe(name), name) for name in offered_models()]

@@ -3,8 +3,9 @@ which of them are shown.
 
 Each drafter's controls come from the settings it declares (decoding.drafters); only the chosen
 drafter's are shown, and only the acceptance rule's own numbers. The callbacks that show and hide
-them (`drafter_controls`, `acceptance_controls`) name the controls they update. No model is run
-here.
+them (`drafter_controls`, `acceptance_controls`) name the controls they update. Then what the
+settings themselves do: switching the model, a preset's tree text, the tree editor's status line.
+No model is run here.
 """
 
 from __future__ import annotations
@@ -14,11 +15,16 @@ from gradio.components import Component
 
 from decoding import available_drafters
 from decoding.drafters import DRAFTERS, Drafter
+from decoding.errors import DecodingError
 from decoding.model import LoadedModel
+from decoding.race import default_lanes
 from decoding.settings import DecodeSettings, Setting
 
-from . import lanes
+from . import lanes, views
+from .handlers import refusal, toast_text
 from .inputs import PAGE_UNSET, describe_tree, format_choices
+from .models import require_offered
+from .store import cache
 
 DEFAULTS = DecodeSettings()
 TREE_CONTROLS = ("preset", "tree_text", "tree_status")  # shown for a drafter that takes a tree
@@ -87,3 +93,44 @@ def acceptance_controls(acceptance: str) -> dict[str, dict]:
     sampling, typical = acceptance != "greedy", acceptance == "typical"
     return {"temperature": gr.update(visible=sampling), "epsilon": gr.update(visible=typical),
             "delta": gr.update(visible=typical), "seed": gr.update(visible=sampling)}
+
+
+def _load(name: str) -> LoadedModel:
+    try:
+        return cache.get(require_offered(name))
+    except DecodingError as e:
+        raise refusal(e) from e
+
+
+# What `switch_model` updates, by name (layout.py maps the names to the components).
+SWITCH_MODEL_OUTPUTS = ("model", "current_model", "model_card", "num_heads", "preset", "tree_text", "method",
+                        "lanes")
+
+
+def switch_model(name: str, previous: str, method: str) -> dict[str, object]:
+    """Load the chosen model; if it cannot load, say why and go back to the previous one. The
+    drafter choices become the new model's; the chosen drafter stays where the model offers it.
+    Updates by name (one of SWITCH_MODEL_OUTPUTS); a name left out keeps its component as it is."""
+    try:
+        model = cache.get(require_offered(name))
+    except DecodingError as e:
+        gr.Warning(toast_text(e))
+        return {"model": previous, "current_model": previous}
+    drafters = available_drafters(model)
+    return {"current_model": name, "model_card": views.model_card(model),
+            "num_heads": gr.Slider(maximum=model.num_heads, value=PAGE_UNSET),
+            "preset": gr.Dropdown(choices=list(model.trees), value=model.default_tree),
+            "tree_text": format_choices(model.trees[model.default_tree]),
+            "method": gr.Radio(choices=lanes.choices(drafters), value=method if method in drafters else drafters[0]),
+            "lanes": gr.CheckboxGroup(choices=lanes.choices(drafters, short=True), value=default_lanes(drafters))}
+
+
+def preset_text(model_name: str, preset: str) -> str:
+    trees = _load(model_name).trees
+    return format_choices(trees[preset]) if preset in trees else gr.skip()
+
+
+def tree_status(text: str, num_heads: float, model_name: str, preset: str) -> str:
+    """The tree editor's status line; the heads slider's PAGE_UNSET means all the model's heads."""
+    model = _load(model_name)
+    return describe_tree(text, model.trees.get(preset), model.num_heads, int(num_heads) or model.num_heads)

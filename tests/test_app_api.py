@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import pytest
 from gradio_client import Client
 
-from app.handlers import switch_model
 from app.inputs import RunRequest, decode_settings, describe_tree, format_choices, race_lanes
 from app.layout import DEFAULT_PROMPTS, build_demo, example_rows, launch_options
 from app.models import ModelCache, describe, offered_models, require_offered
+from app.sidebar import switch_model
 from app.store import cache, write_json
 from app.views import LEARN_FIGURES, STATS_FIGURES
 from decoding.errors import DecodingError
@@ -348,7 +348,7 @@ def test_a_model_that_is_not_fetched_is_named_with_the_command_that_gets_it(monk
     import app.models
     import decoding.fetch
     import decoding.loading
-    from app.layout import model_note
+    from app.models import model_note
 
     monkeypatch.delenv("MEDUSA_PLAYGROUND_MODEL", raising=False)
     # Every module's name: loading decides whether the shipped smollm2 heads can load, the page
