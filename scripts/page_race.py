@@ -2,15 +2,19 @@
 ahead while another program holds a core? (issue 28; the figures are in docs/page-race.md)
 
     python -m scripts.page_race --prompts PROMPTS.txt                 # the page's race vs bench
+    python -m scripts.page_race --prompts PROMPTS.txt --repeats 4     # the same 4 times, with a spread
     python -m scripts.page_race --prompts PROMPTS.txt --neighbour     # the same while a core is taken
     python -m scripts.page_race --prompts PROMPTS.txt --threads-under-load
 
 The first starts the app on its default model (SmolLM2 where fetched), presses Race in Debian's
 Chromium on each prompt with the default lanes, and reads the page's Medusa speedup and whether it
-said the machine was busy; then it runs `python -m decoding bench` on the same prompts in a fresh
-process. `--neighbour` keeps one core busy (a Python loop) while the page races. The third,
-in one process and without the page, measures heats (`decoding.measure`, the function both use)
-with 2 threads and with 1, on a quiet machine and with a neighbour holding a core.
+said the machine was busy; then, with the app and browser closed, it runs `python -m decoding bench`
+on the same prompts in a fresh process. One such pair is no verdict on a noisy machine (bench gave
+1.24x-1.43x on the same three prompts within one day); `--repeats` runs the pair several times and
+gives the page/bench ratio's mean and standard error. `--neighbour` keeps one core busy (a Python
+loop) while the page races. The third, in one process and without the page, measures heats
+(`decoding.measure`, the function both use) with 2 threads and with 1, on a quiet machine and with
+a neighbour holding a core.
 Not a test: it prints what it measured, with the machine's load beside each figure.
 """
 
@@ -134,6 +138,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2", help="bench's --model: the page's default model")
     parser.add_argument("--neighbour", action="store_true", help="keep one core busy while the page races")
     parser.add_argument("--threads-under-load", action="store_true", help="heats with 2 and 1 threads instead")
+    parser.add_argument("--repeats", type=int, default=1, help="page races and bench, one after the other, this often")
     parser.add_argument("--heats", type=int, default=6, help="heats per thread count (--threads-under-load)")
     args = parser.parse_args()
     prompts = [line.strip() for line in args.prompts.read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -142,13 +147,20 @@ def main() -> None:
     if args.threads_under_load:
         threads_under_load(prompts, args.model, args.heats)
         return
-    rows = page_races(prompts, args.neighbour)
-    measured = bench(args.prompts, args.model)
-    page = statistics.mean(row["speedup"] for row in rows if row["speedup"] is not None)
-    speeds = ", ".join(f"{row['speedup']:.2f}x" for row in rows)
-    print(f"page: {speeds} (mean {page:.2f}x); "
-          f"bench {measured['speedup']:.2f}x on {measured['tree']}, load {measured['load']}; "
-          f"page/bench {page / measured['speedup'] - 1:+.1%}; load average now {os.getloadavg()[0]:.2f}")
+    ratios = []
+    for repeat in range(1, args.repeats + 1):
+        rows = page_races(prompts, args.neighbour)
+        measured = bench(args.prompts, args.model)
+        page = statistics.mean(row["speedup"] for row in rows if row["speedup"] is not None)
+        ratios.append(page / measured["speedup"])
+        speeds = ", ".join(f"{row['speedup']:.2f}x" for row in rows)
+        print(f"[{repeat}/{args.repeats}] page: {speeds} (mean {page:.2f}x); "
+              f"bench {measured['speedup']:.2f}x on {measured['tree']}, load {measured['load']}; "
+              f"page/bench {ratios[-1] - 1:+.1%}; load average now {os.getloadavg()[0]:.2f}", flush=True)
+    if len(ratios) > 1:
+        error = statistics.stdev(ratios) / len(ratios) ** 0.5
+        print(f"page/bench over {len(ratios)} pairs: {statistics.mean(ratios) - 1:+.1%} "
+              f"(standard error {error:.1%}; each pair {', '.join(f'{r - 1:+.1%}' for r in ratios)})")
 
 
 if __name__ == "__main__":

@@ -136,8 +136,10 @@ def run_race(page, races: int | None = None, timeout_ms: int = 300_000) -> str:
     page.wait_for_function(
         "/Warming up|Race \\d+ of/.test(document.querySelector('#race-status')?.innerText ?? '')",
         timeout=timeout_ms, polling=50)
+    # Read the status twice a second, not on every animation frame (Playwright's default): the
+    # runs being timed share the CPU with this browser.
     page.wait_for_function(
-        "document.querySelector('#race-status')?.innerText.includes('Done')", timeout=timeout_ms)
+        "document.querySelector('#race-status')?.innerText.includes('Done')", timeout=timeout_ms, polling=500)
     return page.locator("#race-summary").inner_text()
 
 
