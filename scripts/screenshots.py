@@ -126,10 +126,7 @@ def run_prompt(page, prompt: str | None = None, timeout_ms: int = 60_000) -> flo
 def run_race(page, races: int | None = None, timeout_ms: int = 300_000) -> str:
     """Press Race; wait for the verdict; returns it."""
     if races is not None:
-        open_tab(page, "Race")
-        count = page.locator("#race-count input[type=number]")
-        count.fill(str(races))
-        count.press("Enter")
+        set_race_count(page, races)
     page.click("#race-button")
     # Wait for this race's own first frame (its warm-up), so the last race's "Done" is not read as
     # this one's; then for this race's end.
@@ -141,6 +138,14 @@ def run_race(page, races: int | None = None, timeout_ms: int = 300_000) -> str:
     page.wait_for_function(
         "document.querySelector('#race-status')?.innerText.includes('Done')", timeout=timeout_ms, polling=500)
     return page.locator("#race-summary").inner_text()
+
+
+def set_race_count(page, races: int) -> None:
+    """Open the Race tab and set how many races a press of Race runs."""
+    open_tab(page, "Race")
+    count = page.locator("#race-count input[type=number]")
+    count.fill(str(races))
+    count.press("Enter")
 
 
 def open_tab(page, name: str) -> None:
