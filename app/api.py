@@ -9,6 +9,7 @@ from decoding.settings import DecodeSettings
 
 from .handlers import refusal
 from .inputs import PAGE_UNSET, api_request, decode_settings
+from .model_thread import on_model_thread
 from .models import offered_models, require_offered
 from .store import cache
 
@@ -21,6 +22,7 @@ def _default(name: str) -> int:
     return PAGE_UNSET if setting.default is None else setting.default
 
 
+@on_model_thread
 def trace_api(prompt: str, max_new_tokens: int = DEFAULTS.max_new_tokens, acceptance: str = DEFAULTS.acceptance,
               tree: str = "default", num_heads: int = PAGE_UNSET, model: str = "",
               temperature: float = DEFAULTS.temperature, seed: int = -1, method: str = DEFAULTS.method,

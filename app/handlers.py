@@ -42,6 +42,7 @@ from .inputs import (
     decode_settings,
     race_lanes,
 )
+from .model_thread import on_model_thread
 from .models import require_offered
 from .store import cache, write_json
 from .text import Step, render_steps
@@ -169,6 +170,7 @@ def refused(page: Page, values: dict, error: DecodingError, tab: str) -> dict:
     return {page.tabs: gr.Tabs(selected="playground"), page.summary: views.refusal_text(error, "run", earlier)}
 
 
+@on_model_thread
 def run_drafter(page: Page, values: dict, session: str = "") -> Iterator[dict]:
     """Stream a run of the chosen drafter into the Playground (or say why it cannot run); other
     visitors' pages are told a run is on (`session`: this page's)."""
@@ -224,6 +226,7 @@ def race_updates(page: Page, view: race_views.RaceView) -> dict:
             page.race_md: view.verdict}
 
 
+@on_model_thread
 def run_race(page: Page, values: dict, session: str = "") -> Iterator[dict]:
     """Plain decoding and each ticked drafter, several races in rotating order after a warm-up;
     the median race is replayed, then the Playground's drafter's run in it is shown there (or

@@ -34,6 +34,7 @@ from decoding.tiny import make_tiny_model_dir
 
 from . import MODEL_ENV
 from .gpu import ON_ZERO_GPU
+from .model_thread import on_model_thread
 
 TINY = "tiny-random"
 KEEP_MODELS = 2  # loaded models kept in memory on a CPU; the least recently used one goes first
@@ -173,6 +174,7 @@ class ModelCache:
         with self._lock:
             return list(self._models)
 
+    @on_model_thread
     def _load(self, name: str) -> LoadedModel:
         if name == TINY:
             if self._tiny_dir is None:
@@ -193,6 +195,7 @@ class ModelCache:
             raise DecodingError(f"could not load model {name!r}: {type(e).__name__}: {e}") from e
 
 
+@on_model_thread
 def warm_up(model: LoadedModel) -> None:
     """One short run of each decoder, so the first visitor does not pay for lazy initialisation."""
     for method in ("ar", *available_drafters(model)):

@@ -3,13 +3,14 @@
 `make_tree` derives parents, depths and the ancestor mask from a choices list with plain Python
 (independently of `decoding.tree`), and `make_run` fakes greedy rounds on it: each round accepts
 a chosen path, whose tokens then equal the base model's argmax at their parents, as greedy
-acceptance requires.
+acceptance requires. `on_a_new_thread` calls a handler the way Gradio's pool may: from any thread.
 """
 
 from __future__ import annotations
 
 import random
 import re
+import threading
 from collections import Counter
 
 from decoding.race import RaceResult
@@ -230,3 +231,21 @@ def carries(text: str, *values: float) -> bool:
     """The text writes each value (as often as it is given), rounded as the text rounds it: the
     caller rounds each value to the places the text prints."""
     return not Counter(values) - Counter(numbers_in(text))
+
+
+def on_a_new_thread(fn, *args):
+    """`fn(*args)` on a thread of its own, as Gradio's pool may run any call: its result or error."""
+    box: dict = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn(*args)
+        except BaseException as e:  # handed back to the test
+            box["error"] = e
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import threading
 import time
 from types import SimpleNamespace
 
@@ -14,10 +15,12 @@ from gradio_client import Client
 
 from app.inputs import RunRequest, decode_settings, describe_tree, format_choices, race_lanes
 from app.layout import DEFAULT_PROMPTS, build_demo, example_rows, launch_options
+from app.model_thread import THREAD_NAME
 from app.models import ModelCache, describe, offered_models, require_offered
 from app.sidebar import switch_model
 from app.store import cache, write_json
 from app.views import LEARN_FIGURES, STATS_FIGURES
+from app_helpers import on_a_new_thread
 from decoding.errors import DecodingError
 from decoding.limits import PAGE_LIMITS
 from decoding.prompts import example_prompts
@@ -441,6 +444,41 @@ def _page_and_values(model_dir: str, **request):
     values = dataclasses.asdict(RunRequest.of(model=model_dir, **request)) | {"projector": False, "width": 1280}
     return page, values
 
+
+
+def test_the_app_loads_runs_races_and_traces_on_one_thread_whichever_thread_asks(tiny_model_dir, monkeypatch):
+    """Once more threads than cores have run torch, its OpenMP workers sleep between passes
+    (app/model_thread.py): every load, warm-up, run, race step and /trace call runs the model on
+    the one model thread, though each step here comes from a new thread."""
+    from app import api, handlers, models
+
+    ran_on = []
+
+    def loaded_and_watched(*args, **kwargs):
+        ran_on.append(("load", threading.current_thread().name))
+        model = load_model(*args, **kwargs)
+        model.model.register_forward_pre_hook(lambda *_: ran_on.append(("pass", threading.current_thread().name)))
+        return model
+
+    load_model = models.load_model
+    monkeypatch.setattr(models, "load_model", loaded_and_watched)
+    fresh = ModelCache(keep=1)
+    for module in (handlers, api):
+        monkeypatch.setattr(module, "cache", fresh)
+    monkeypatch.setenv("MEDUSA_PLAYGROUND_MODEL", tiny_model_dir)
+    page, values = _page_and_values(tiny_model_dir, prompt="It is a truth", max_new_tokens=8, races=1)
+    on_a_new_thread(models.warm_up, on_a_new_thread(fresh.get, tiny_model_dir))  # as the page's start-up does
+    for work in (handlers.run_drafter, handlers.run_race):
+        steps, updates = work(page, values), []
+        while (update := on_a_new_thread(next, steps, None)) is not None:
+            updates.append(update)
+        assert "run_state" in updates[-1]
+    assert len(on_a_new_thread(api.trace_api, "It is a truth", 8)["tokens"]) == 8
+    kinds = {kind for kind, _ in ran_on}
+    threads = {name for _, name in ran_on}
+    assert kinds == {"load", "pass"} and len(threads) == 1, threads
+    (thread,) = threads
+    assert thread.startswith(THREAD_NAME) and thread != threading.current_thread().name
 
 
 def test_a_page_stops_asking_what_the_model_does_while_its_own_run_or_race_runs(tiny_model_dir, monkeypatch):
