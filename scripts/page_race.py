@@ -9,9 +9,10 @@ ahead while another program holds a core? (issue 28; the figures are in docs/pag
 The first starts the app on its default model (SmolLM2 where fetched), presses Race in Debian's
 Chromium on each prompt with the default lanes, and reads the page's Medusa speedup and whether it
 said the machine was busy; then, with the app and browser closed, it runs `python -m decoding bench`
-on the same prompts in a fresh process. One such pair is no verdict on a noisy machine (bench gave
-1.24x-1.43x on the same three prompts within one day); `--repeats` runs the pair several times and
-gives the page/bench ratio's mean and standard error. `--neighbour` keeps one core busy (a Python
+on the same prompts in a fresh process, each prompt as often as the page races it. One such pair
+is no verdict on a noisy machine (bench gave 1.24x-1.43x on the same three prompts within one
+day); `--repeats` runs the pair several times and gives the page/bench ratio's mean and standard
+error. `--neighbour` keeps one core busy (a Python
 loop) while the page races. The third, in one process and without the page, measures heats
 (`decoding.measure`, the function both use) with 2 threads and with 1, on a quiet machine and with
 a neighbour holding a core.
@@ -27,11 +28,13 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from decoding.race import DEFAULT_RACES
 from scripts.screenshots import LAPTOP, STARTUP_SECONDS, browser_page, open_app, running_app
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,11 +81,16 @@ def page_races(prompts: list[str], busy: bool) -> list[dict]:
     return rows
 
 
-def bench(prompts_file: Path, model: str) -> dict:
-    """`python -m decoding bench` on the prompts, in a fresh process, as a user would run it."""
-    out = subprocess.run([sys.executable, "-m", "decoding", "bench", "--model", model, "--prompts",
-                          str(prompts_file), "--max-new-tokens", "64", "--json"],
-                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+def bench(prompts: list[str], model: str) -> dict:
+    """`python -m decoding bench` on the prompts, in a fresh process, as a user would run it: each
+    prompt as many times as the page races it (DEFAULT_RACES), so that bench's figure rests on as
+    many heats as the page's (one heat's speedup varies by ~0.15 on this project's machines)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as repeated:
+        repeated.write("".join(f"{prompt}\n" for prompt in prompts for _ in range(DEFAULT_RACES)))
+        repeated.flush()
+        out = subprocess.run([sys.executable, "-m", "decoding", "bench", "--model", model, "--prompts",
+                              repeated.name, "--max-new-tokens", "64", "--json"],
+                             cwd=ROOT, capture_output=True, text=True, check=True).stdout
     report = json.loads(out[out.index("{"):])
     return {"speedup": report["speedup"], "load": report.get("load"), "tree": report["lanes"][0]["tree"]}
 
@@ -150,7 +158,7 @@ def main() -> None:
     ratios = []
     for repeat in range(1, args.repeats + 1):
         rows = page_races(prompts, args.neighbour)
-        measured = bench(args.prompts, args.model)
+        measured = bench(prompts, args.model)
         page = statistics.mean(row["speedup"] for row in rows if row["speedup"] is not None)
         ratios.append(page / measured["speedup"])
         speeds = ", ".join(f"{row['speedup']:.2f}x" for row in rows)
