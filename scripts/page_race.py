@@ -12,10 +12,9 @@ said the machine was busy; then, with the app and browser closed, it runs `pytho
 on the same prompts in a fresh process, each prompt as often as the page races it. One such pair
 is no verdict on a noisy machine (bench gave 1.24x-1.43x on the same three prompts within one
 day); `--repeats` runs the pair several times and gives the page/bench ratio's mean and standard
-error. `--neighbour` keeps one core busy (a Python
-loop) while the page races. The third, in one process and without the page, measures heats
-(`decoding.measure`, the function both use) with 2 threads and with 1, on a quiet machine and with
-a neighbour holding a core.
+error. `--neighbour` keeps one core busy (a Python loop) while the page races. The third, in one
+process and without the page, measures heats (`decoding.measure`, the function both use) with 2
+threads and with 1, on a quiet machine and with a neighbour holding a core.
 Not a test: it prints what it measured, with the machine's load beside each figure.
 """
 
@@ -34,7 +33,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from decoding.race import DEFAULT_RACES
 from scripts.screenshots import LAPTOP, STARTUP_SECONDS, browser_page, open_app, running_app
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,6 +83,8 @@ def bench(prompts: list[str], model: str) -> dict:
     """`python -m decoding bench` on the prompts, in a fresh process, as a user would run it: each
     prompt as many times as the page races it (DEFAULT_RACES), so that bench's figure rests on as
     many heats as the page's (one heat's speedup varies by ~0.15 on this project's machines)."""
+    from decoding.race import DEFAULT_RACES  # torch: loaded only where a measurement needs it
+
     with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as repeated:
         repeated.write("".join(f"{prompt}\n" for prompt in prompts for _ in range(DEFAULT_RACES)))
         repeated.flush()
