@@ -158,7 +158,8 @@ def build_demo() -> gr.Blocks:
                 with gr.Row():
                     run_dl = gr.DownloadButton("Download this run's trace (JSON)", interactive=False,
                                                elem_id="download-trace")
-                    race_dl = gr.DownloadButton("Download the races' traces (JSON)", interactive=False)
+                    race_dl = gr.DownloadButton("Download the races' traces (JSON)", interactive=False,
+                                                elem_id="download-races")
 
         play_timer = gr.Timer(PLAY_EVERY, active=False)
         waiting_timer = gr.Timer(WAITING_EVERY)

@@ -9,7 +9,10 @@ ahead while another program holds a core? (issue 28; the figures are in docs/pag
 The first starts the app on its default model (SmolLM2 where fetched), presses Race in Debian's
 Chromium on each prompt with the default lanes, and reads the page's Medusa speedup and whether it
 said the machine was busy; then, with the app and browser closed, it runs `python -m decoding bench`
-on the same prompts in a fresh process, each prompt as often as the page races it. One such pair
+on the same prompts in a fresh process, each prompt as often as the page races it. Beside the two
+speedups it prints where they part: plain decoding's step, Medusa's tokens a pass and its round
+in plain steps (verify pass + the rest), from the page's own traces (its Export tab's download)
+and from bench's report, both with `decoding.stats`. One such pair
 is no verdict on a noisy machine (bench gave 1.24x-1.43x on the same three prompts within one
 day); `--repeats` runs the pair several times and gives the page/bench ratio's mean and standard
 error. `--neighbour` keeps one core busy (a Python loop) while the page races. The third, in one
@@ -32,8 +35,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from scripts.screenshots import LAPTOP, STARTUP_SECONDS, browser_page, open_app, running_app
+
+if TYPE_CHECKING:
+    from decoding.stats import Timing
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADLINE = re.compile(r"Medusa: ([\d.]+)× the speed of plain decoding")
@@ -54,13 +61,43 @@ def neighbour(on: bool = True) -> Iterator[None]:
         hog.wait()
 
 
-def page_races(prompts: list[str], busy: bool) -> list[dict]:
-    """The page's race on each prompt (default lanes and settings): its Medusa speedup and notice."""
+def race_traces(page) -> list[dict]:
+    """The last race's traces, as its Export tab downloads them: one {lane: RunTrace} per race."""
+    from decoding.trace import RunTrace
+    from scripts.screenshots import open_tab
+
+    open_tab(page, "Export")
+    with page.expect_download() as download:
+        page.click("#download-races")  # waits until the race's after-work has made it clickable
+    races = json.loads(Path(download.value.path()).read_text(encoding="utf-8"))["races"]
+    return [{lane: RunTrace.from_dict(trace) for lane, trace in race.items()} for race in races]
+
+
+def breakdown(ar: Timing, medusa: Timing) -> dict:
+    """Where a speedup comes from (speedup ≈ tokens a pass / round cost), with `decoding.stats`."""
+    from decoding.stats import round_cost, speedup, verify_cost
+
+    return {"speedup": speedup(ar, medusa), "step_ms": 1000 * ar.seconds_per_round,
+            "tokens_per_pass": medusa.tokens_per_pass, "round_cost": round_cost(ar, medusa),
+            "verify_cost": verify_cost(ar, medusa)}
+
+
+def describe(figures: dict) -> str:
+    return (f"{figures['speedup']:.2f}x over all heats, plain step {figures['step_ms']:.1f} ms, "
+            f"{figures['tokens_per_pass']:.2f} tokens a pass, round {figures['round_cost']:.2f} steps "
+            f"(verify {figures['verify_cost']:.2f})")
+
+
+def page_races(prompts: list[str], busy: bool) -> tuple[list[dict], dict]:
+    """The page's race on each prompt (default lanes and settings): its Medusa speedup and notice;
+    and, from the traces of all its races, where the speedup comes from (`breakdown`)."""
     from playwright.sync_api import sync_playwright
 
+    from decoding.settings import PLAIN
+    from decoding.stats import Timing
     from scripts.screenshots import run_race
 
-    rows = []
+    rows, races = [], []
     with running_app(timeout=STARTUP_SECONDS) as url, sync_playwright() as playwright, \
             browser_page(playwright, LAPTOP) as page:
         open_app(page, url)
@@ -76,7 +113,8 @@ def page_races(prompts: list[str], busy: bool) -> list[dict]:
                          "busy_notice": notice.inner_text() if notice.count() else "", "seconds": seconds,
                          "load": os.getloadavg()[0]})
             print(json.dumps(rows[-1]), flush=True)
-    return rows
+            races += race_traces(page)
+    return rows, breakdown(Timing.of(race[PLAIN] for race in races), Timing.of(race["medusa"] for race in races))
 
 
 def bench(prompts: list[str], model: str) -> dict:
@@ -92,7 +130,11 @@ def bench(prompts: list[str], model: str) -> dict:
                               repeated.name, "--max-new-tokens", "64", "--json"],
                              cwd=ROOT, capture_output=True, text=True, check=True).stdout
     report = json.loads(out[out.index("{"):])
-    return {"speedup": report["speedup"], "load": report.get("load"), "tree": report["lanes"][0]["tree"]}
+    medusa = report["lanes"][0]
+    return {"speedup": report["speedup"], "load": report.get("load"), "tree": medusa["tree"],
+            "step_ms": 1000 * report["ar"]["seconds_per_round"], "tokens_per_pass": medusa["mean_accepted"],
+            # bench's round costs are its untraced runs' (nothing recorded); the page's exclude recording
+            "round_cost": medusa["round_cost"], "verify_cost": medusa["verify_cost"]}
 
 
 def threads_under_load(prompts: list[str], model: str, heats: int) -> None:
@@ -157,14 +199,15 @@ def main() -> None:
         return
     ratios = []
     for repeat in range(1, args.repeats + 1):
-        rows = page_races(prompts, args.neighbour)
+        rows, traced = page_races(prompts, args.neighbour)
         measured = bench(prompts, args.model)
         page = statistics.mean(row["speedup"] for row in rows if row["speedup"] is not None)
         ratios.append(page / measured["speedup"])
         speeds = ", ".join(f"{row['speedup']:.2f}x" for row in rows)
         print(f"[{repeat}/{args.repeats}] page: {speeds} (mean {page:.2f}x); "
               f"bench {measured['speedup']:.2f}x on {measured['tree']}, load {measured['load']}; "
-              f"page/bench {ratios[-1] - 1:+.1%}; load average now {os.getloadavg()[0]:.2f}", flush=True)
+              f"page/bench {ratios[-1] - 1:+.1%}; load average now {os.getloadavg()[0]:.2f}\n"
+              f"  page's races: {describe(traced)}\n  bench:        {describe(measured)}", flush=True)
     if len(ratios) > 1:
         error = statistics.stdev(ratios) / len(ratios) ** 0.5
         print(f"page/bench over {len(ratios)} pairs: {statistics.mean(ratios) - 1:+.1%} "
