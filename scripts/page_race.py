@@ -41,6 +41,7 @@ from scripts.screenshots import LAPTOP, STARTUP_SECONDS, browser_page, open_app,
 
 if TYPE_CHECKING:
     from decoding.stats import Timing
+    from decoding.trace import RunTrace
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADLINE = re.compile(r"Medusa: ([\d.]+)× the speed of plain decoding")
@@ -88,6 +89,20 @@ def describe(figures: dict) -> str:
             f"(verify {figures['verify_cost']:.2f})")
 
 
+def heat_rounds(plain: RunTrace, medusa: RunTrace) -> str:
+    """One heat's rounds, median against mean: a slow heat whose median round is as usual was
+    slowed by a few interrupted rounds (another program, the hypervisor); one whose median moved
+    was slowed throughout."""
+    from decoding.stats import Timing
+
+    steps = [r.time_verify + r.time_draft + r.time_accept for r in plain.rounds]
+    rounds = [r.time_verify + r.time_draft + r.time_accept for r in medusa.rounds]
+    step = statistics.median(steps)
+    return (f"plain step median {1000 * step:.1f} ms (mean {1000 * statistics.mean(steps):.1f}); Medusa round "
+            f"median {statistics.median(rounds) / step:.2f} steps (mean {statistics.mean(rounds) / step:.2f}, "
+            f"slowest {max(rounds) / step:.1f}), {Timing.of(medusa).tokens_per_pass:.2f} tokens a pass")
+
+
 def page_races(prompts: list[str], busy: bool) -> tuple[list[dict], dict]:
     """The page's race on each prompt (default lanes and settings): its Medusa speedup and notice;
     and, from the traces of all its races, where the speedup comes from (`breakdown`)."""
@@ -113,7 +128,10 @@ def page_races(prompts: list[str], busy: bool) -> tuple[list[dict], dict]:
                          "busy_notice": notice.inner_text() if notice.count() else "", "seconds": seconds,
                          "load": os.getloadavg()[0]})
             print(json.dumps(rows[-1]), flush=True)
-            races += race_traces(page)
+            heats = race_traces(page)
+            for heat in heats:
+                print("    heat: " + heat_rounds(heat[PLAIN], heat["medusa"]), flush=True)
+            races += heats
     return rows, breakdown(Timing.of(race[PLAIN] for race in races), Timing.of(race["medusa"] for race in races))
 
 
