@@ -34,6 +34,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -89,14 +90,21 @@ def describe(figures: dict) -> str:
             f"(verify {figures['verify_cost']:.2f})")
 
 
+def round_seconds(trace: RunTrace) -> list[float]:
+    """Each round's seconds on the clock the race replays (`round_end_times`: recording excluded),
+    the whole round as `Timing` counts it: drafting, verify, accepting and the bookkeeping between."""
+    from decoding.stats import round_end_times
+
+    return [end - start for start, end in pairwise([trace.time_prefill, *round_end_times(trace)])]
+
+
 def heat_rounds(plain: RunTrace, medusa: RunTrace) -> str:
     """One heat's rounds, median against mean: a slow heat whose median round is as usual was
     slowed by a few interrupted rounds (another program, the hypervisor); one whose median moved
     was slowed throughout."""
     from decoding.stats import Timing
 
-    steps = [r.time_verify + r.time_draft + r.time_accept for r in plain.rounds]
-    rounds = [r.time_verify + r.time_draft + r.time_accept for r in medusa.rounds]
+    steps, rounds = round_seconds(plain), round_seconds(medusa)
     step = statistics.median(steps)
     return (f"plain step median {1000 * step:.1f} ms (mean {1000 * statistics.mean(steps):.1f}); Medusa round "
             f"median {statistics.median(rounds) / step:.2f} steps (mean {statistics.mean(rounds) / step:.2f}, "
