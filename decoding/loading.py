@@ -24,6 +24,7 @@ from .errors import DecodingError
 from .fetch import WHEEL_MODELS, fetched_dir, is_fetched
 from .model import LoadedModel, stop_token_ids
 from .model_files import context_length, download, is_hub_id, load_causal_lm, load_tokenizer
+from .one_kernel_linear import use_one_kernel
 from .packed_linear import pack_linear_layers
 from .precision import choose_cpu_dtype
 from .registry import MODEL_REGISTRY, RegistryEntry
@@ -265,6 +266,8 @@ def load_model(
     implementation = resolve_attention(attention, torch_device, torch_dtype, gatherable, model_type)
     if implementation is not None:
         model.set_attn_implementation(implementation)
+    if implementation == GATHERED and torch_device.type == "cpu" and torch_dtype != torch.float32:
+        use_one_kernel(model)  # the linear layers' half of an exact pass (one_kernel_linear.py)
     # The heads are the model's own: their config also names its trees and what ships beside them.
     medusa_heads, meta = find_heads(files.heads, model) if MedusaHeadsDrafter.name in wanted else (None, {})
     if medusa_heads is not None:

@@ -73,3 +73,14 @@ def test_eagle_on_smollm2_is_lossless_and_beats_chance_by_far(smollm2):
         assert eagle.tokens == plain.tokens
         accepted.append(eagle.mean_accepted)
     assert sum(accepted) / len(accepted) > 1.3
+
+
+def test_medusa_in_bfloat16_on_the_papers_tree_writes_plain_decodings_text():
+    """The 64-node tree in bfloat16 with exact attention: before one_kernel_linear.py, a step's lone
+    row through `down_proj` rounded differently from the same row in a 64-row pass, and 4 of 5
+    questions parted from plain decoding (this one at token 23)."""
+    lm = load_model("smollm2", dtype="bfloat16", attention="gathered", drafters=["medusa"])
+    prompt = "How do bees make honey?"
+    plain = generate(lm, prompt, DecodeSettings(method="ar", max_new_tokens=40))
+    medusa = generate(lm, prompt, DecodeSettings(max_new_tokens=40, tree="mc_sim_7b_63"))
+    assert medusa.tokens == plain.tokens
