@@ -7,18 +7,35 @@ and the library's attention kernel reduces over a different number of keys in a 
 (the masked keys of the other candidates are still in the sum, and the vector lanes split the
 sum differently) than in a one-token step. On SmolLM2 that flipped 11 of 20 answers.
 
-The fix is to make the arithmetic of a query row depend on nothing but that row:
+The fix is to make the arithmetic of a query row depend on nothing but that row's *key list*,
+the keys it may see in sequence order:
 
     a step at position p:    q_p  ·  keys [0 .. p]                      (the cache, in order)
-    a tree node at depth d:  q_n  ·  keys [prefix] + [ancestors] + [n]  (gathered, in order)
+    a tree node at depth d:  q_n  ·  keys [prefix] + [ancestors] + [n]  (the same vectors, in order)
 
-Both are the same key vectors in the same order (the ancestors are exactly the tokens plain
-decoding would have cached), so gathering each node's visible keys into one contiguous block and
-computing `softmax(q K^T) V` on it with the same batched matmuls a step uses gives the same bits.
-Nodes of equal depth see the same number of keys, so they are batched together; a batched matmul
-computes each batch element as if it were alone (checked on this CPU for 1-40 elements, float32
-and bfloat16, and by tests/test_gathered_attention.py). What it costs: every node's prefix keys are
-copied once per layer, which is why it is only used where it buys identity (see `loading.py`).
+The ancestors are exactly the tokens plain decoding would have cached, so both lists hold the same
+vectors. Each row's attention is then computed in three steps whose bits depend only on its list:
+
+1. scores: every row's query by every key of the pass, in products of CHUNK keys each, then each
+   row's scores picked out in list order (a score is one query times one key, whatever else the
+   product computed beside it);
+2. softmax over the row's own scores, on a row of its own (the library's softmax treats each row
+   alone, in vector lanes that start at the row's first element);
+3. weights times values in fixed chunks of CHUNK keys, counted from the start of the list, each
+   chunk a matrix product over exactly those keys, the chunks' results added in list order.
+
+Step 3 is what makes it cheap: the prefix is the start of every node's list, so its chunks are the
+same keys for every row and are multiplied once for all rows, straight from the cache; only the
+last chunk or two of each row (the rest of the prefix after its last whole chunk, and the node's
+ancestors) is gathered, fewer than CHUNK + depth keys a row. A step runs the very same chunks.
+
+What the bits rely on, checked by tests/test_exact_attention.py on the machine that runs them:
+a row of a matrix product of a given layout does not depend on how many rows or columns were
+computed beside it, nor on how many products were batched together, *provided* every product has
+a multiple of MIN_ROWS rows. Measured on an AMD EPYC: bfloat16 products (oneDNN) gave every row
+the same bits however many rows there were; float32 products (MKL) ran 1-3 rows through another
+kernel, and a row in a tile's remainder (the 9th of 9) differed from the same row in a full
+tile. Padding each product's rows with zeros to a multiple of 16 puts every row in a full tile.
 
 The prefill is one causal product over all its rows instead: plain decoding and Medusa run the
 very same prefill, so it cannot make them part, and a long prompt would otherwise need one gather
@@ -28,46 +45,63 @@ per row. It is recognised as what it is: a pass of several tokens that brings no
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 GATHERED = "medusa_gathered"  # the name it is registered under with transformers
-
-# One group of query rows that see equally many keys: the rows, and either each row's key
-# positions in sequence order (n, L), or, for a single row that sees one contiguous run of
-# the cache (a step), that run as a slice, read in place.
-RowGroup = tuple[torch.Tensor, torch.Tensor | None, slice | None]
+CHUNK = 64  # keys a chunk of step 3 holds: fewer means more products a pass, more means longer gathers
+MIN_ROWS = 16  # every product's rows are padded with zeros to a multiple of this (see above)
 
 
-def _group_rows(visible: torch.Tensor) -> list[RowGroup]:
-    """Split the (T, kv) visibility matrix into groups of rows that see equally many keys."""
+@dataclass(frozen=True)
+class PassPlan:
+    """Which keys each row of a pass sees, in list order, and which of its chunks every row shares.
+
+    `columns` (T, L) holds each row's key list as cache columns, padded at the end to the longest
+    list (`valid` says which are real); None for a step, whose list is the cache, in order. The first
+    `shared` chunks of every list are the same cache columns, `first` to `first + shared * CHUNK`.
+    """
+
+    columns: torch.Tensor | None
+    valid: torch.Tensor | None
+    length: int  # the longest list
+    first: int
+    shared: int
+    blind_rows: bool = False  # some row sees no key at all (some models mask padding so)
+
+
+def _plan_rows(visible: torch.Tensor) -> PassPlan:
+    """The plan of a pass from its (T, kv) visibility matrix (True = the row sees that key)."""
     counts = visible.sum(dim=-1)
-    groups: list[RowGroup] = []
-    for count in torch.unique(counts).tolist():
-        if count == 0:  # a row that sees no key (some models mask padding so): its output stays zero
-            continue
-        rows = (counts == count).nonzero().flatten()
-        keys = visible[rows].nonzero()[:, 1].view(len(rows), count)
-        first = int(keys[0, 0])
-        if len(rows) == 1 and int(keys[0, -1]) - first == count - 1:
-            groups.append((rows, None, slice(first, first + count)))  # contiguous: read in place
-        else:
-            groups.append((rows, keys, None))
-    return groups
+    length = int(counts.max())
+    # Each row's visible columns in order, then the columns it does not see: the first `count` are its list.
+    order = torch.sort((~visible).to(torch.int8), dim=-1, stable=True).indices[:, :length]
+    valid = torch.arange(length, device=visible.device)[None, :] < counts[:, None]
+    columns = order.masked_fill(~valid, 0)
+    seen = counts > 0
+    starts = columns[seen, 0]
+    first = int(starts[0]) if len(starts) else 0
+    shared = 0
+    if len(starts) and bool((starts == first).all()):  # sliding windows of different starts share nothing
+        run = int(visible[seen, first:].int().cumprod(dim=-1).sum(dim=-1).min())  # the run every row starts with
+        shared = run // CHUNK
+    return PassPlan(columns, valid, length, first, shared, blind_rows=not bool(seen.all()))
 
 
 @lru_cache(maxsize=64)
-def _step_groups(kv_length: int, device: torch.device) -> list[RowGroup]:
-    """A one-token step without a mask sees every cached key."""
-    return [(torch.zeros(1, dtype=torch.long, device=device), None, slice(0, kv_length))]
+def _step_plan(kv_length: int) -> PassPlan:
+    """A one-token step without a mask sees every cached key, in order."""
+    return PassPlan(None, None, kv_length, 0, kv_length // CHUNK)
 
 
-class _GroupCache:
-    """Every layer of one pass receives the same mask tensor: group its rows once per pass.
+class _PlanCache:
+    """Every layer of one pass receives the same mask tensor: plan its rows once per pass.
 
     Keyed by the mask object itself through a weak reference, so a later mask that happens to
     reuse a freed one's memory is never mistaken for it.
@@ -75,36 +109,115 @@ class _GroupCache:
 
     def __init__(self) -> None:
         self._mask: weakref.ref | None = None
-        self._groups: list[RowGroup] = []
+        self._plan = _step_plan(0)
 
-    def groups(self, mask: torch.Tensor) -> list[RowGroup]:
+    def plan(self, mask: torch.Tensor) -> PassPlan:
         if self._mask is None or self._mask() is not mask:
             # Our own tree masks are additive floats (0 = attend); the library's are booleans.
             plane = mask[0, 0]
-            visible = plane if plane.dtype == torch.bool else plane == 0
-            self._groups = _group_rows(visible)
+            self._plan = _plan_rows(plane if plane.dtype == torch.bool else plane == 0)
             self._mask = weakref.ref(mask)
-        return self._groups
+        return self._plan
 
 
-_group_cache = _GroupCache()
+_plan_cache = _PlanCache()
+
+
+def _at_least_rows(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """`x` with zero rows appended along `dim` up to a multiple of MIN_ROWS (see the module's docstring)."""
+    missing = -x.shape[dim] % MIN_ROWS
+    if missing == 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = missing
+    return torch.cat([x, x.new_zeros(shape)], dim=dim)
+
+
+def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b with a's rows (dim -2) padded to a multiple of MIN_ROWS, and the padding dropped again.
+    `a` is laid out contiguously first: the library picks its kernel by the layout too."""
+    rows = a.shape[-2]
+    return torch.matmul(_at_least_rows(a, -2).contiguous(), b)[..., :rows, :]
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float, softcap: float | None,
-            blocked: torch.Tensor | None = None) -> torch.Tensor:
-    """softmax(q k^T) v for a batch of rows: q (n, KVH, G, D), k and v (n, KVH, L, D), all contiguous.
-
-    The same few operations for a step (n = 1) and for every group of tree nodes, so each row's
-    numbers do not depend on how many rows were computed beside it. `blocked` (True = masked) is
-    only for the prefill.
-    """
+            blocked: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T) v with a mask (True = blocked), for the prefill: q (1, KVH, R, D), k and v (1, KVH, L, D)."""
     scores = torch.matmul(q, k.transpose(-1, -2)) * scaling
     if softcap is not None:  # Gemma 2 caps its attention logits
         scores = torch.tanh(scores / softcap) * softcap
-    if blocked is not None:
-        scores = scores.masked_fill(blocked, torch.finfo(scores.dtype).min)
+    scores = scores.masked_fill(blocked, torch.finfo(scores.dtype).min)
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
     return torch.matmul(weights, v)
+
+
+def _scores(queries: torch.Tensor, keys: torch.Tensor, scale: float) -> torch.Tensor:
+    """Step 1: every row's query by every key, scaled in float32: (KVH, R, kv).
+
+    The keys are multiplied a chunk of CHUNK at a time, in one batched product (the last chunk
+    padded with zero keys), so that every score comes out of a product of the same shape whatever
+    the pass: a step and a tree differ only in how many rows and chunks there are.
+    """
+    kv_heads, kv_length, dim = keys.shape
+    chunks = -(-kv_length // CHUNK)
+    padded = F.pad(keys, (0, 0, 0, chunks * CHUNK - kv_length))
+    per_chunk = _product(queries.unsqueeze(1), padded.view(kv_heads, chunks, CHUNK, dim).transpose(-1, -2))
+    return (per_chunk.transpose(1, 2).reshape(kv_heads, queries.shape[1], chunks * CHUNK)[..., :kv_length]
+            .float() * scale)
+
+
+def _weights(scores: torch.Tensor, plan: PassPlan, softcap: float | None, dtype: torch.dtype) -> torch.Tensor:
+    """Step 2: each row's scores in list order, softmaxed on a row of its own: (KVH, G, T, L).
+
+    Rows shorter than the longest are padded with -inf at the end, whose weight is exactly 0: the
+    library's softmax adds a row's terms in vector lanes from its first element, so zeros after
+    the last real term leave every sum as it was (tests/test_exact_attention.py checks it).
+    """
+    if plan.columns is None:
+        mine = scores
+    else:
+        rows = torch.arange(plan.columns.shape[0], device=scores.device).unsqueeze(-1)
+        mine = scores[:, :, rows, plan.columns].masked_fill(~plan.valid, float("-inf"))
+    if softcap is not None:  # Gemma 2 caps its attention logits
+        mine = torch.tanh(mine / softcap) * softcap
+    weights = torch.softmax(mine, dim=-1)
+    if plan.blind_rows:  # a row that sees nothing: weights 0, not the NaN of an empty softmax
+        weights = weights.masked_fill(~plan.valid, 0.0)
+    return weights.to(dtype)
+
+
+def _weighted_values(weights: torch.Tensor, value: torch.Tensor, plan: PassPlan) -> torch.Tensor:
+    """Step 3: weights (KVH, G, T, L) times each row's values, a chunk of CHUNK keys at a time,
+    the chunks' results added in list order: (KVH, G, T, D) in float32.
+
+    Every chunk is one product of the same shape, (rows, CHUNK) by (CHUNK, D), a chunk shorter
+    than CHUNK padded with zero weights: the chunks every row shares come straight from the cache,
+    once for all rows; the rest of each row's list (after the shared chunks) is gathered.
+    """
+    kv_heads, group, length = weights.shape[:3]
+    rows = group * length
+    out = None
+    shared = plan.shared * CHUNK
+    if plan.shared:
+        chunk_weights = weights[..., :shared].reshape(kv_heads, rows, plan.shared, CHUNK).transpose(1, 2)
+        chunk_values = value[:, plan.first: plan.first + shared].view(kv_heads, plan.shared, CHUNK, -1)
+        parts = _product(chunk_weights, chunk_values).float()  # (KVH, c, G*T, D)
+        for chunk in range(plan.shared):
+            out = parts[:, chunk] if out is None else out + parts[:, chunk]
+    rest = plan.length - shared
+    if rest:
+        chunks = -(-rest // CHUNK)
+        padding = chunks * CHUNK - rest
+        if plan.columns is None:  # a step: the rest of the cache, in place
+            rest_values = F.pad(value[:, shared: plan.length], (0, 0, 0, padding)).unsqueeze(1)  # (KVH, 1, r, D)
+        else:
+            rest_values = F.pad(value[:, plan.columns[:, shared:]], (0, 0, 0, padding))  # (KVH, T, r, D)
+        rest_weights = F.pad(weights[..., shared:], (0, padding)).transpose(1, 2)  # (KVH, T, G, r)
+        for start in range(0, chunks * CHUNK, CHUNK):
+            part = _product(rest_weights[..., start: start + CHUNK],
+                            rest_values[:, :, start: start + CHUNK]).float().transpose(1, 2).reshape(kv_heads, rows, -1)
+            out = part if out is None else out + part
+    return out.view(kv_heads, group, length, -1)
 
 
 def gathered_attention(
@@ -135,18 +248,11 @@ def gathered_attention(
         q = query.view(1, kv_heads, group, length, dim).flatten(2, 3)
         out = _attend(q, key, value, scale, softcap, blocked.repeat(group, 1))
         return out.view(1, kv_heads, group, length, dim).permute(0, 3, 1, 2, 4).reshape(1, length, heads, dim), None
-    groups = _step_groups(kv_length, key.device) if attention_mask is None else _group_cache.groups(attention_mask)
-    queries = query[0].view(kv_heads, group, length, dim)
-    out = query.new_zeros(length, kv_heads, group, dim)
-    for rows, keys, run in groups:
-        q = queries[:, :, rows].permute(2, 0, 1, 3).contiguous()  # (n, KVH, G, D)
-        if run is not None:
-            k, v = key[:, :, run].contiguous(), value[:, :, run].contiguous()
-        else:
-            k = key[0][:, keys].transpose(0, 1).contiguous()  # (n, KVH, L, D)
-            v = value[0][:, keys].transpose(0, 1).contiguous()
-        out[rows] = _attend(q, k, v, scale, softcap)
-    return out.view(1, length, heads, dim), None
+    plan = _step_plan(kv_length) if attention_mask is None else _plan_cache.plan(attention_mask)
+    scores = _scores(query[0].reshape(kv_heads, group * length, dim), key[0], scale).view(
+        kv_heads, group, length, kv_length)
+    out = _weighted_values(_weights(scores, plan, softcap, value.dtype), value[0], plan)
+    return out.to(query.dtype).permute(2, 0, 1, 3).reshape(1, length, heads, dim), None
 
 
 def can_gather(model: nn.Module) -> bool:

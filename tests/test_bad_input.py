@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from decoding import DecodeSettings, DecodingError, RunTrace, Tree, load_model
-from decoding.attention import _group_rows
+from decoding.attention import _plan_rows
 from decoding.cli import main
 from decoding.drafters import check_settings
 from decoding.loops import autoregressive_decode, speculative_decode
@@ -79,8 +79,8 @@ def test_misuses_of_the_public_functions_get_the_projects_error(call, message):
 
 def test_gathered_attention_leaves_a_row_that_sees_no_key_alone():
     visible = torch.tensor([[True, False, False], [False, False, False], [True, True, False]])
-    groups = _group_rows(visible)
-    assert sorted(int(row) for rows, _, _ in groups for row in rows) == [0, 2]  # row 1 sees nothing
+    plan = _plan_rows(visible)
+    assert plan.blind_rows and plan.valid[1].sum() == 0 and plan.valid[[0, 2]].sum(-1).tolist() == [1, 2]
 
 
 def test_a_seeded_auto_tree_run_says_which_tree_and_how_to_pin_it(capsys, tiny_dirs):
