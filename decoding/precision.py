@@ -19,12 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .packed_linear import BATCH_SIZE_HINT, packing_works
+from .packed_linear import BATCH_SIZE_HINT, MIN_TIMED_BYTES, SAMPLE_BYTES, packing_works
 
-SAMPLE_BYTES = 64 * 2**20  # enough weights to miss the caches, as a whole model does
-# A model whose weights fit in a processor's caches is timed by call overheads, not by its
-# matrix units (the embedded models, the tests' tiny ones): it stays in float32.
-MIN_TIMED_BYTES = 48 * 2**20
 ROWS = 16  # about a verify pass of a CPU-sized tree
 REPEATS = 3
 # bfloat16 must win clearly: float32 is the more exact of the two, and a busy machine's noise

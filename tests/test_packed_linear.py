@@ -143,3 +143,32 @@ def test_packed_medusa_writes_what_unpacked_plain_decoding_writes(tiny_models, u
     oracle = with_heads(packed_mm, oracle_heads(packed_mm, prompt, num_heads=4, wrong_every=5))  # long paths accepted
     medusa_tokens = generate(oracle, prompt, DecodeSettings(max_new_tokens=NEW_TOKENS, tree=choices)).tokens
     assert medusa_tokens == packed_tokens == unpacked_tokens
+
+
+@needs_packing
+@pytest.mark.parametrize("packed_faster", [True, False])
+def test_inner_layers_take_the_one_row_kernel_that_measured_faster(monkeypatch, packed_faster):
+    """A big enough model's one rows go through whichever kernel its own weights ran faster."""
+    from decoding import packed_linear
+
+    monkeypatch.setattr(packed_linear, "MIN_TIMED_BYTES", 0)
+    timed = []
+
+    def seconds(layers, packed_kernel):
+        timed.append(packed_kernel)
+        return 1.0 if packed_kernel == packed_faster else 2.0
+
+    monkeypatch.setattr(packed_linear, "_one_row_seconds", seconds)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4))
+    pack_linear_layers(model)
+    assert timed and all(layer.one_row_packed == packed_faster for layer in model)
+
+
+@needs_packing
+def test_a_model_that_fits_in_the_caches_is_not_timed(monkeypatch):
+    from decoding import packed_linear
+
+    monkeypatch.setattr(packed_linear, "_one_row_seconds", lambda layers, packed_kernel: pytest.fail("timed"))
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4))
+    pack_linear_layers(model)
+    assert not any(layer.one_row_packed for layer in model)
