@@ -8,10 +8,11 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
+from decoding.baseline import OWN
 from decoding.drafters import drafter_class
 from decoding.measure import busy_note
 from decoding.race import PLAIN, RaceFrame, RaceResult, lane_order
-from decoding.stats import Spread, round_cost
+from decoding.stats import Spread, round_cost, spread
 from decoding.trace import RunTrace
 
 from . import charts, eagle_views, lanes
@@ -28,17 +29,24 @@ def race_status(frame: RaceFrame) -> str:
     if frame.phase == "warm-up":
         return f"Warming up {count} lanes (a short run of each), then {frame.races} race(s)…"
     if frame.phase == "measuring":
-        place = lane_order(frame.lanes, frame.finished).index(frame.measuring) + 1
-        run, runs = frame.finished * count + place, frame.races * count
+        runs_each = len(frame.done) or count  # the lanes, and plain decoding in its other variants
+        place = lane_order(list(frame.done) or frame.lanes, frame.finished).index(frame.measuring) + 1
+        run, runs = frame.finished * runs_each + place, frame.races * runs_each
         left = f" · about {frame.left:.0f} s left" if frame.left is not None else ""
-        return (f"Race {frame.finished + 1} of {frame.races}: measuring **{lanes.title(frame.measuring)}** alone "
-                f"(lane {place} of {count} in this race; run {run} of {runs}){left}… "
+        return (f"Race {frame.finished + 1} of {frame.races}: measuring **{_run_title(frame.measuring)}** alone "
+                f"(run {place} of {runs_each} in this race; {run} of {runs}){left}… "
                 f"(the page waits so it does not slow the run down)  \n{_lane_progress(frame)}{_leader(frame)}")
     if frame.phase == "replaying":
         pace = f" at {frame.pace:.1f}× real speed" if frame.pace > 1 else ""
         return f"▶ Replaying the median race{pace}, every lane on its own measured clock, side by side."
     return (f"✓ Done: {frame.races} race(s) of {count} lanes after a warm-up, each lane measured alone, "
             "in an order that rotates from race to race.")
+
+
+def _run_title(run: str) -> str:
+    """A lane's title, or for plain decoding in another variant (`baseline.rival_run`) its own."""
+    lane, _, variant = run.partition("@")
+    return f"{lanes.title(lane)} in {variant}" if variant else lanes.title(lane)
 
 
 def waiting_text(frame: RaceFrame) -> str:
@@ -55,7 +63,7 @@ def _leader(frame: RaceFrame) -> str:
     if not frame.leader:
         return ""
     return (f"  \nSo far ({frame.finished} race{'s' if frame.finished != 1 else ''}): "
-            f"**{lanes.title(frame.leader)}** leads at {frame.lead:.2f}× plain decoding's speed.")
+            f"**{lanes.title(frame.leader)}** leads at {frame.lead:.2f}× the fastest plain decoding's speed.")
 
 
 def _lane_progress(frame: RaceFrame) -> str:
@@ -115,11 +123,13 @@ def lane_table(result: RaceResult) -> str:
     for lane in result.lanes:
         trace, timing = result.shown[lane], result.timing(lane)
         drafting = "—" if lane == PLAIN else f"{result.draft_cost(lane):.2f}"
-        speed = "1× by definition" if lane == PLAIN else _range(result.spread(lane))
+        own_baseline = lane == PLAIN and result.baseline == OWN
+        speed = "1× by definition" if own_baseline else _range(result.spread(lane))
         rows.append(f"| {lanes.title(lane)} | {trace.forward_passes} ({len(trace.tokens)}) | "
                     f"{timing.tokens_per_pass:.2f} | {round_cost(plain, timing):.2f} | {drafting} | {speed} |")
     rows.append("\n<small>Passes and tokens: the median race. The rest over every race; round cost and "
                 "drafting in plain decoding steps (a plain step = 1.00).</small>")
+    rows.append(f"\n{baseline_line(result)}")
     return "\n".join(rows)
 
 
@@ -148,6 +158,15 @@ def _same_text(result: RaceResult) -> str:
     if all(race[PLAIN].settings.acceptance == "greedy" for race in result.races):
         return SAME_TEXT
     return "Sampling: each lane drew its own text, from the base model's distribution."
+
+
+def baseline_line(result: RaceResult) -> str:
+    """Which plain decoding the speedups count against, and the others timed beside it."""
+    others = [f"{result.baseline_words[name]} {_range(spread(result.plain_speedups(name)))}"
+              for name in result.plain_runs(0) if name != result.baseline]
+    beside = f" (timed beside it: {'; '.join(others)})" if others else ""
+    return (f"<small>Speedups count against the fastest plain decoding measured in these races: "
+            f"**{result.baseline_name}**{beside}.</small>")
 
 
 ONE_RACE_CAVEAT = " One race is noisy: race 3-5 times for a median you can quote."

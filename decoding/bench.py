@@ -26,6 +26,7 @@ import torch
 from tqdm import tqdm
 from transformers import GenerationConfig, PreTrainedModel
 
+from .baseline import OWN, describe, fastest_plain
 from .drafters import check_settings, drafter_class, make_drafter
 from .dynamic_tree import DYNAMIC_TREE
 from .loops import encode_prompt, generate
@@ -95,7 +96,7 @@ def lane_figures(runs: LaneRuns, ar: Timing, acceptance: str, baseline: Timing |
     costs from the untraced ones, so that recording is not counted: speedup ≈ mean_accepted /
     round_cost, and with free drafting it would be mean_accepted / verify_cost. Round costs are in
     steps of plain decoding in the lane's own dtype (`ar`); the speedup is over `baseline`, the
-    fastest plain decoding measured (`ar` itself unless float32 was faster).
+    fastest plain decoding measured (`ar` itself unless another variant was faster: baseline.py).
     """
     traced, untraced = Timing.of(runs.traced), Timing.of(runs.untraced)
     clock = traced.seconds + traced.recording_seconds  # the engine's clock, recording included
@@ -186,14 +187,14 @@ def make_lanes(lm: LoadedModel, settings: DecodeSettings, drafters: list[str], t
 
 def run_bench(lm: LoadedModel, prompts: list[str], settings: DecodeSettings, trees: list,
               progress: bool = True, compare_transformers: bool = False,
-              drafters: list[str] | None = None, float32_model: LoadedModel | None = None) -> dict:
+              drafters: list[str] | None = None, rivals: dict[str, LoadedModel] | None = None) -> dict:
     """Decode every prompt with AR and with every lane; return totals and ratios.
 
     With `compare_transformers`, transformers' own greedy decoders run beside ours on the same
     inputs (plain generate; assisted generation and prompt lookup for those lanes), so neither
-    the baseline nor the drafters are shown against a slow implementation. With `float32_model`
-    (the same model in float32, when `lm` runs in another dtype), plain decoding in float32 runs
-    beside it too, and every speedup counts against the faster of the two plain decodings.
+    the baseline nor the drafters are shown against a slow implementation. With `rivals` (the same
+    model in other plain-decoding variants, `baseline.plain_rivals`), their plain decoding runs beside
+    each heat too, and every speedup counts against the fastest plain decoding (`baseline.fastest_plain`).
     """
     compare = compare_transformers and settings.acceptance == "greedy"
     ar_settings = replace(settings, method=PLAIN)
@@ -204,9 +205,10 @@ def run_bench(lm: LoadedModel, prompts: list[str], settings: DecodeSettings, tre
     warm_tokens = min(WARM_UP_TOKENS, settings.max_new_tokens)
     for s in [ar_settings] + [lane.settings for lane in lanes]:
         generate(lm, prompts[0], replace(s, max_new_tokens=warm_tokens))
-    if float32_model is not None:
-        generate(float32_model, prompts[0], replace(ar_settings, max_new_tokens=warm_tokens))
-    float32_runs: list[RunTrace] = []
+    rivals = rivals or {}
+    for rival in rivals.values():
+        generate(rival, prompts[0], replace(ar_settings, max_new_tokens=warm_tokens))
+    rival_runs: dict[str, list[RunTrace]] = {name: [] for name in rivals}
     for library in libraries:
         transformers_generate(lm, prompts[0], warm_tokens, library.options)
 
@@ -228,8 +230,8 @@ def run_bench(lm: LoadedModel, prompts: list[str], settings: DecodeSettings, tre
             lane.untraced.append(heat.runs[f"{n} untraced"])
             lane.identical &= lane.traced[-1].tokens == ar_trace.tokens
         # Other implementations beside each heat, not in it: their figures are their own.
-        if float32_model is not None:
-            float32_runs.append(timed_run(float32_model, prompt, ar_settings))
+        for name, rival in rivals.items():
+            rival_runs[name].append(timed_run(rival, prompt, ar_settings))
         if plain_library is not None:
             plain_library.run(lm, prompt, settings.max_new_tokens, ar_trace.tokens)
         for lane in lanes:
@@ -237,9 +239,9 @@ def run_bench(lm: LoadedModel, prompts: list[str], settings: DecodeSettings, tre
                 lane.library.run(lm, prompt, settings.max_new_tokens, lane.traced[-1].tokens)
 
     ar = Timing.of(ar_runs)
-    ar_float32 = Timing.of(float32_runs) if float32_runs else None
-    baseline = ar_float32 if ar_float32 and ar_float32.tokens_per_second > ar.tokens_per_second else ar
-    rows = [lane_figures(lane, ar, settings.acceptance, baseline) for lane in lanes]
+    plain = {OWN: ar} | {name: Timing.of(runs) for name, runs in rival_runs.items()}
+    fastest = fastest_plain(plain)
+    rows = [lane_figures(lane, ar, settings.acceptance, plain[fastest]) for lane in lanes]
     first = rows[0]
     dtype = str(lm.dtype).removeprefix("torch.")
     return {
@@ -249,9 +251,9 @@ def run_bench(lm: LoadedModel, prompts: list[str], settings: DecodeSettings, tre
         "acceptance": settings.acceptance,
         "speedup": first["speedup"], "mean_accepted": first["mean_accepted"],
         "identical": first["identical"], "trace_overhead": first["trace_overhead"],
-        "baseline": f"plain decoding in {'float32' if baseline is ar_float32 else dtype}",
+        "baseline": describe(rivals.get(fastest, lm)),
         "ar": method_figures(ar), "lanes": rows, "load": combined(loads).to_dict(),
-        **({"ar_float32": method_figures(ar_float32)} if ar_float32 else {}),
+        "plain_rivals": {describe(rivals[name]): method_figures(plain[name]) for name in rival_runs},
         **({"cost_curve": dataclasses.asdict(lm.cost_curve)} if lm.cost_curve else {}),
         **({"transformers_generate": plain_library.figures()} if plain_library is not None else {}),
     }
@@ -284,12 +286,12 @@ def _load_lines(report: dict) -> list[str]:
     return [f"⚠ {note}"] if note else []
 
 
-def _float32_lines(report: dict) -> list[str]:
-    if "ar_float32" not in report:
-        return []
-    ar32 = report["ar_float32"]
-    return [f"AR in float32: {ar32['tokens_per_second']:.1f} tok/s, {ar32['seconds_per_round'] * 1e3:.2f} ms a step; "
-            f"speedups count against {report['baseline']}, the faster"]
+def _rival_lines(report: dict) -> list[str]:
+    """The other plain decodings timed beside each heat, and which one the speedups count against."""
+    rivals = report.get("plain_rivals") or {}
+    lines = [f"AR as {name}: {figures['tokens_per_second']:.1f} tok/s, "
+             f"{figures['seconds_per_round'] * 1e3:.2f} ms a step" for name, figures in rivals.items()]
+    return [*lines, f"speedups count against {report['baseline']}, the fastest"] if rivals else []
 
 
 def _curve_lines(report: dict) -> list[str]:
@@ -313,7 +315,7 @@ def format_table(report: dict) -> str:
         f"AR: {ar['tokens_per_second']:.1f} tok/s, {ar['forward_passes']} passes for {ar['tokens']} tokens, "
         f"{ar['seconds_per_round'] * 1e3:.2f} ms a step",
         *_load_lines(report),
-        *_float32_lines(report),
+        *_rival_lines(report),
         *_curve_lines(report),
         *_library_lines(report),
         "round cost: one round in AR steps, and its two parts: the verify pass, and the rest "

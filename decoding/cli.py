@@ -193,11 +193,9 @@ def _remeasure(args: argparse.Namespace, lm) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    import torch
-
+    from .baseline import plain_rivals
     from .bench import format_table, run_bench
     from .drafters import drafter_class
-    from .loading import load_model
     from .prompts import read_prompts
 
     prompts = [prompt for path in args.prompts for prompt in read_prompts(path)]
@@ -207,15 +205,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     drafters = [drafter_class(name).name for name in args.drafter]
     lm = _load(args, drafters)
     _remeasure(args, lm)
-    # The speedup counts against the fastest plain decoding here: float32 too, when Medusa runs in
-    # another dtype (on a CPU bfloat16 is not always the faster one-token step).
-    float32 = None
-    if lm.dtype != torch.float32 and lm.device.type == "cpu":
-        float32 = load_model(args.model, args.heads, args.device, "float32", self_test=False,
-                             pack_linear=not args.no_pack, attention="library", drafters=())
+    # The speedup counts against the fastest plain decoding here, in any dtype (baseline.py).
+    rivals = plain_rivals(lm, args.model, args.heads, pack_linear=not args.no_pack)
     report = run_bench(lm, prompts, settings, trees, progress=not args.json,
-                       compare_transformers=args.compare_transformers, drafters=drafters,
-                       float32_model=float32)
+                       compare_transformers=args.compare_transformers, drafters=drafters, rivals=rivals)
     print(json.dumps(report, indent=2) if args.json else format_table(report))
     return 0
 

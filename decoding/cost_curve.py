@@ -50,8 +50,9 @@ REPEATS = 5
 CACHE_SUBDIR = "cost_curves"
 # Part of the cache key: raised when what a cached curve means changes, so curves measured before
 # are measured again (2: the lm_head's one row through the packed kernel; 3: a curve records the
-# load it was measured under, and one measured while other programs held cores is not cached).
-CURVE_VERSION = 3
+# load it was measured under, and one measured while other programs held cores is not cached;
+# 4: the exact attention's chunked products, a one-row step through the faster kernel).
+CURVE_VERSION = 4
 # A curve where most repeats of some size disagree by more than this (see `disagreement`) was
 # measured while something else ran: it is not cached.
 NOISY_SPREAD = 0.25

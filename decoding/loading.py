@@ -8,11 +8,13 @@ by `selftest.py` before it is handed out as a `LoadedModel` (`model.py`).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from transformers import PreTrainedModel
 
 from .assets import EMBEDDED_MODELS_DIR
 from .assets import HEADS_CONFIG as OWN_HEADS_CONFIG
@@ -26,7 +28,7 @@ from .model import LoadedModel, stop_token_ids
 from .model_files import context_length, download, is_hub_id, load_causal_lm, load_tokenizer
 from .one_kernel_linear import use_one_kernel
 from .packed_linear import pack_linear_layers
-from .precision import choose_cpu_dtype
+from .precision import choose_cpu_dtype, fits_in_caches
 from .registry import MODEL_REGISTRY, RegistryEntry
 from .selftest import check_tree_attention
 from .tree import TREE_PRESETS
@@ -220,6 +222,44 @@ def _accuracy_table(meta: dict) -> list[list[float]] | None:
     return [[float(a) for a in row] for row in table]
 
 
+SMALL_MODEL_REASON = "float32: the model is small enough to sit in the processor's caches"
+
+
+def _assemble(files: _Sources, model: PreTrainedModel, tokenizer: object, device: torch.device, dtype: torch.dtype,
+              attention: str, with_heads: bool, pack_linear: bool, dtype_reason: str) -> tuple[LoadedModel, dict]:
+    """The model in `dtype`, with the attention and linear layers that dtype runs and its Medusa
+    heads (if wanted), as a LoadedModel; and the heads' saved metadata."""
+    model.to(dtype)
+    implementation = resolve_attention(attention, device, dtype, can_gather(model), model.config.model_type)
+    if implementation is not None:
+        model.set_attn_implementation(implementation)
+    if implementation == GATHERED and device.type == "cpu" and dtype != torch.float32:
+        use_one_kernel(model)  # the linear layers' half of an exact pass (one_kernel_linear.py)
+    # The heads are the model's own: their config also names its trees and what ships beside them.
+    medusa_heads, meta = find_heads(files.heads, model) if with_heads else (None, {})
+    if medusa_heads is not None:
+        medusa_heads = medusa_heads.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    if pack_linear:
+        pack_linear_layers(model)
+    loaded = LoadedModel(
+        name=files.name,
+        model=model,
+        tokenizer=tokenizer,
+        heads=medusa_heads,
+        device=device,
+        dtype=dtype,
+        context_length=context_length(model.config),
+        trees={**TREE_PRESETS, **meta.get("trees", {})},
+        default_tree=meta.get("default_tree") or files.tree or default_tree(device),
+        eos_token_ids=stop_token_ids(model.generation_config),
+        dtype_reason=dtype_reason,
+        head_accuracy=_accuracy_table(meta),
+        prompt_template=files.prompt_template,
+        use_chat_template=files.prompt_template == "{prompt}" and bool(getattr(tokenizer, "chat_template", None)),
+    )
+    return loaded, meta
+
+
 def load_model(
     name_or_path: str | Path | None = None,
     heads: str | Path | None = None,
@@ -255,42 +295,27 @@ def load_model(
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     model = load_causal_lm(files.model, torch_device, torch_dtype)
-    dtype_reason = ""
     gatherable, model_type = can_gather(model), model.config.model_type
-    if torch_dtype is None:
-        torch_dtype, dtype_reason = (choose_cpu_dtype(model) if gatherable
-                                     else (torch.float32, ungathered_reason(model_type, torch.float32, chosen=True)))
-        model.to(torch_dtype)
-    elif not gatherable and torch_device.type == "cpu" and torch_dtype != torch.float32:
-        dtype_reason = ungathered_reason(model_type, torch_dtype, chosen=False)
-    implementation = resolve_attention(attention, torch_device, torch_dtype, gatherable, model_type)
-    if implementation is not None:
-        model.set_attn_implementation(implementation)
-    if implementation == GATHERED and torch_device.type == "cpu" and torch_dtype != torch.float32:
-        use_one_kernel(model)  # the linear layers' half of an exact pass (one_kernel_linear.py)
-    # The heads are the model's own: their config also names its trees and what ships beside them.
-    medusa_heads, meta = find_heads(files.heads, model) if MedusaHeadsDrafter.name in wanted else (None, {})
-    if medusa_heads is not None:
-        medusa_heads = medusa_heads.to(device=torch_device, dtype=torch_dtype).eval().requires_grad_(False)
     tokenizer = load_tokenizer(files.model)
-    if pack_linear:
-        pack_linear_layers(model)
-    loaded = LoadedModel(
-        name=files.name,
-        model=model,
-        tokenizer=tokenizer,
-        heads=medusa_heads,
-        device=torch_device,
-        dtype=torch_dtype,
-        context_length=context_length(model.config),
-        trees={**TREE_PRESETS, **meta.get("trees", {})},
-        default_tree=meta.get("default_tree") or files.tree or default_tree(torch_device),
-        eos_token_ids=stop_token_ids(model.generation_config),
-        dtype_reason=dtype_reason,
-        head_accuracy=_accuracy_table(meta),
-        prompt_template=files.prompt_template,
-        use_chat_template=files.prompt_template == "{prompt}" and bool(getattr(tokenizer, "chat_template", None)),
-    )
+
+    def assemble(model: PreTrainedModel, dtype: torch.dtype, reason: str = "") -> tuple[LoadedModel, dict]:
+        return _assemble(files, model, tokenizer, torch_device, dtype, attention, MedusaHeadsDrafter.name in wanted,
+                         pack_linear, reason)
+
+    if torch_dtype is not None:
+        asked_half = not gatherable and torch_device.type == "cpu" and torch_dtype != torch.float32
+        loaded, meta = assemble(model, torch_dtype, ungathered_reason(model_type, torch_dtype, chosen=False)
+                                if asked_half else "")
+    elif not gatherable:
+        loaded, meta = assemble(model, torch.float32, ungathered_reason(model_type, torch.float32, chosen=True))
+    elif fits_in_caches(model):
+        loaded, meta = assemble(model, torch.float32, SMALL_MODEL_REASON)
+    else:  # measure what decoding costs in each (precision.py); the half copy first, the float32 one is packed
+        half = assemble(copy.deepcopy(model).to(torch.bfloat16), torch.bfloat16)
+        candidates = {torch.bfloat16: half, torch.float32: assemble(model, torch.float32)}
+        chosen, reason = choose_cpu_dtype({dtype: lm for dtype, (lm, _) in candidates.items()})
+        loaded, meta = candidates[chosen]
+        loaded.dtype_reason = reason
     if self_test:
         check_tree_attention(loaded)
     model_files = ModelFiles(files.heads, meta, files.registered, pack_linear)

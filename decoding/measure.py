@@ -108,18 +108,20 @@ class Heat:
 
 
 def heat_steps(lm: LoadedModel, prompt: str, plan: dict[str, DecodeSettings],
-               order: Sequence[str], threads: int | None = None) -> Iterator[Heat]:
+               order: Sequence[str], threads: int | None = None,
+               models: dict[str, LoadedModel] | None = None) -> Iterator[Heat]:
     """Run each of `plan`'s settings once on `prompt`, alone, in `order` (every name in `plan`
-    once), on `threads` torch threads if given. Yields the heat before each run (`running` names
-    it: a page may say so while it waits) and once at the end, with the load. Nothing the
-    consumer does runs while a clock runs."""
+    once), on `threads` torch threads if given; on `lm`, or on the model `models` names for that
+    run (the same model in another plain-decoding variant: see baseline.py). Yields the heat before
+    each run (`running` names it: a page may say so while it waits) and once at the end, with the
+    load. Nothing the consumer does runs while a clock runs."""
     if sorted(order) != sorted(plan):
         raise ValueError(f"the order {list(order)} must name each run of the plan {list(plan)} once")
     heat, meter = Heat(), LoadMeter()
     for name in order:
         heat.running = name
         yield heat
-        heat.runs[name] = timed_run(lm, prompt, plan[name], threads)
+        heat.runs[name] = timed_run((models or {}).get(name, lm), prompt, plan[name], threads)
     heat.running, heat.load = None, dataclasses.replace(meter.stop(), threads=threads or torch.get_num_threads())
     yield heat
 

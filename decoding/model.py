@@ -58,6 +58,8 @@ class LoadedModel:
     eagle_accuracy: list[float] | None = None
     # What a T-token pass costs here, once measured (see cost_curve.py).
     cost_curve: CostCurve | None = None
+    # The same model in the other plain-decoding variants of its device, once loaded (baseline.py).
+    plain_rivals: dict[str, LoadedModel] | None = None
     _token_texts: dict[int, str] = field(default_factory=dict, repr=False)
 
     @property

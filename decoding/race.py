@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .baseline import OWN, cached_plain_rivals, describe, fastest_plain, rival_run
 from .drafters import check_settings
 from .errors import DecodingError
 from .machine_load import LoadMeter, MachineLoad
@@ -67,6 +68,10 @@ class RaceResult:
     lanes: list[str]  # plain decoding first, then the drafters
     focus: str  # the drafter whose median race is replayed and shown in the Playground
     races: list[dict[str, RunTrace]] = field(default_factory=list)
+    # Per race, plain decoding in the model's other variants (by `baseline.rival_run` name), timed
+    # in the same heat: the speedups count against the fastest plain decoding (baseline.py).
+    rivals: list[dict[str, RunTrace]] = field(default_factory=list)
+    baseline_words: dict[str, str] = field(default_factory=dict)  # each plain decoding's name, in words
     loads: list[MachineLoad] = field(default_factory=list)  # what else the machine ran, per race
     # Torch threads the races ran on: fewer than the process's own where other programs held cores.
     threads: int = 0
@@ -81,9 +86,36 @@ class RaceResult:
     def drafters(self) -> list[str]:
         return [lane for lane in self.lanes if lane != PLAIN]
 
+    def plain_runs(self, index: int) -> dict[str, RunTrace]:
+        """Race `index`'s plain decodings: the model's own (OWN) and its rivals'."""
+        return {OWN: self.races[index][PLAIN], **(self.rivals[index] if index < len(self.rivals) else {})}
+
+    @property
+    def baseline(self) -> str:
+        """The plain decoding the speedups count against: the fastest over every race (OWN is the
+        lane PLAIN itself)."""
+        if not self.races:
+            return OWN
+        names = self.plain_runs(0)
+        return fastest_plain({name: Timing.of(self.plain_runs(i)[name] for i in range(len(self.races)))
+                              for name in names})
+
+    @property
+    def baseline_name(self) -> str:
+        """The baseline in words, e.g. "plain decoding in float32"."""
+        return self.baseline_words.get(self.baseline, "plain decoding")
+
     def speedups(self, lane: str) -> list[float]:
-        """The lane's speed over plain decoding's in each race (1.0 for plain decoding itself)."""
-        return [speedup(Timing.of(race[PLAIN]), Timing.of(race[lane])) for race in self.races]
+        """The lane's speed over the baseline's in each race (1.0 for the baseline itself)."""
+        baseline = self.baseline
+        return [speedup(Timing.of(self.plain_runs(i)[baseline]), Timing.of(race[lane]))
+                for i, race in enumerate(self.races)]
+
+    def plain_speedups(self, name: str) -> list[float]:
+        """A plain decoding's speed (OWN or a rival's) over the baseline's in each race."""
+        baseline = self.baseline
+        return [speedup(Timing.of(self.plain_runs(i)[baseline]), Timing.of(self.plain_runs(i)[name]))
+                for i in range(len(self.races))]
 
     def spread(self, lane: str) -> Spread:
         return spread(self.speedups(lane))
@@ -179,18 +211,21 @@ def race(model: LoadedModel, prompt: str, settings: DecodeSettings, drafters: li
     methods = {lane: check_settings(dataclasses.replace(settings, method=lane)) for lane in lanes}
 
     yield RaceFrame("warm-up", races, lanes)
+    rivals = {rival_run(name): rival for name, rival in cached_plain_rivals(model).items()}
+    plan = methods | dict.fromkeys(rivals, methods[PLAIN])
     meter = LoadMeter()
     warm_tokens = min(WARM_UP_TOKENS, settings.max_new_tokens)
-    warm = {lane: timed_run(model, prompt, dataclasses.replace(lane_settings, max_new_tokens=warm_tokens))
-            for lane, lane_settings in methods.items()}
+    warm = {run: timed_run(rivals.get(run, model), prompt, dataclasses.replace(step, max_new_tokens=warm_tokens))
+            for run, step in plan.items()}
     threads = threads_for_load(meter.stop())
-    expected = {lane: expected_seconds(trace, settings.max_new_tokens) for lane, trace in warm.items()}
+    expected = {run: expected_seconds(trace, settings.max_new_tokens) for run, trace in warm.items()}
 
+    words = {OWN: describe(model)} | {run: describe(rival) for run, rival in rivals.items()}
     result = RaceResult(lanes, focus if focus in drafters else drafters[0], threads=threads,
-                        threads_before=torch.get_num_threads())
-    done, started = dict.fromkeys(lanes, 0), time.perf_counter()
+                        threads_before=torch.get_num_threads(), baseline_words=words)
+    done, started = dict.fromkeys(plan, 0), time.perf_counter()
     for index in range(races):
-        for heat in heat_steps(model, prompt, methods, lane_order(lanes, index), threads):
+        for heat in heat_steps(model, prompt, plan, lane_order([*lanes, *rivals], index), threads, rivals):
             if heat.running is None:
                 break
             if not result.races:  # until a race ends, a measured run beats the warm-up's guess
@@ -200,10 +235,12 @@ def race(model: LoadedModel, prompt: str, settings: DecodeSettings, drafters: li
                             elapsed=time.perf_counter() - started, left=seconds_left(expected, done, races),
                             leader=leader, lead=result.spread(leader).median if leader else 0.0)
             done[heat.running] += 1
-        result.races.append(heat.runs)
+        result.races.append({lane: heat.runs[lane] for lane in lanes})
+        result.rivals.append({run: heat.runs[run] for run in rivals})
         result.loads.append(heat.load)
-        expected = {lane: Timing.of([race[lane] for race in result.races]).seconds / len(result.races)
-                    for lane in lanes}
+        expected = {run: Timing.of([result.plain_runs(i)[run] if run in rivals else result.races[i][run]
+                                    for i in range(len(result.races))]).seconds / len(result.races)
+                    for run in plan}
 
     end = max(trace.total_time for trace in result.shown.values())
     pace = replay_pace(end)

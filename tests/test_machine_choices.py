@@ -184,34 +184,85 @@ def test_auto_tree_runs_on_measured_heads_and_falls_back_without_them(tiny_llama
 
 
 # ----- the dtype --------------------------------------------------------------------------------
-def _stub_ratio(monkeypatch, ratio: float) -> None:
-    monkeypatch.setattr(precision, "MIN_TIMED_BYTES", 0)
-    monkeypatch.setattr(precision, "bfloat16_time_ratio", lambda weights: ratio)
+def _stub_curves(monkeypatch, float32: CostCurve, bfloat16: CostCurve) -> None:
+    """Every model counts as big enough to time, and each dtype measures the curve given."""
+    import decoding.loading as loading
+
+    monkeypatch.setattr(loading, "fits_in_caches", lambda model: False)
+    monkeypatch.setattr(cost_curve_module, "cached_cost_curve",
+                        lambda lm, remeasure=False: float32 if lm.dtype == torch.float32 else bfloat16)
 
 
-@pytest.mark.parametrize(("ratio", "dtype", "words"), [(0.5, torch.bfloat16, "matrix units"),
-                                                        (2.8, torch.float32, "no fast bfloat16")])
-def test_auto_dtype_follows_the_measurement(tiny_dirs, monkeypatch, ratio, dtype, words):
-    _stub_ratio(monkeypatch, ratio)
-    lm = load_model(str(tiny_dirs["llama"]), drafters=("medusa", "eagle"))
+# A steep float32 curve with a faster step, a flat bfloat16 one with a slower step (an AMX Xeon's
+# shape): with heads that guess well, bfloat16's trees write faster; plain decoding is float32's.
+FAST_STEP_STEEP = replace(STEEP, step_seconds=0.036)
+SLOW_STEP_FLAT = replace(FLAT, step_seconds=0.044)
+
+
+@pytest.fixture(scope="module")
+def measured_heads(tiny_dirs, tmp_path_factory):
+    """The tiny llama with heads that say how often each guess was right (as trained heads do)."""
+    import shutil
+
+    from decoding.assets import HEADS_CONFIG
+
+    path = tmp_path_factory.mktemp("measured") / "llama"
+    shutil.copytree(tiny_dirs["llama"], path)
+    config = json.loads((path / HEADS_CONFIG).read_text())
+    config["accuracy"] = [[0.6, 0.15, 0.05]] * config["num_heads"]
+    (path / HEADS_CONFIG).write_text(json.dumps(config))
+    return str(path)
+
+
+@pytest.mark.parametrize(("float32", "bfloat16", "dtype"), [(FAST_STEP_STEEP, SLOW_STEP_FLAT, torch.bfloat16),
+                                                            (FLAT, replace(STEEP, step_seconds=0.08), torch.float32)])
+def test_auto_dtype_is_the_one_whose_best_lane_decodes_fastest(measured_heads, monkeypatch, float32, bfloat16, dtype):
+    _stub_curves(monkeypatch, float32, bfloat16)
+    lm = load_model(measured_heads, drafters=("medusa", "eagle"))
+    assert lm.head_accuracy is not None
     assert lm.dtype == dtype and next(lm.heads.parameters()).dtype == dtype
-    assert words in lm.dtype_reason and f"{ratio:.2f}x" in lm.dtype_reason
     assert lm.gathered_attention == (dtype == torch.bfloat16)  # exact attention where it is needed
+    assert "Medusa on auto: optimal-" in lm.dtype_reason and "writes a token every" in lm.dtype_reason
+    assert lm.cost_curve is (float32 if dtype == torch.float32 else bfloat16)  # the chosen dtype's own curve
     trace = generate(lm, "It is", DecodeSettings(max_new_tokens=6, tree="cpu-12"))
     assert trace.dtype == str(dtype).removeprefix("torch.") and trace.dtype_reason == lm.dtype_reason
 
 
+def test_without_heads_auto_dtype_is_the_faster_plain_step(tiny_dirs, monkeypatch):
+    _stub_curves(monkeypatch, replace(FLAT, step_seconds=0.05), replace(FLAT, step_seconds=0.03))
+    lm = load_model(str(tiny_dirs["llama"]), drafters=())
+    assert lm.dtype == torch.bfloat16 and "plain decoding writes a token every 30.0 ms" in lm.dtype_reason
+
+
+def test_the_choice_names_both_plain_steps_and_the_faster():
+    def estimated(dtype, step, per_token, lane):
+        return precision.DecodingEstimate(dtype, step, per_token, lane)
+
+    estimates = {torch.float32: estimated(torch.float32, 0.036, 0.030, "Medusa on auto: optimal-4"),
+                 torch.bfloat16: estimated(torch.bfloat16, 0.044, 0.025, "Medusa on auto: optimal-16")}
+    original = precision.estimate
+    try:
+        precision.estimate = lambda lm: estimates[lm]
+        dtype, reason = precision.choose_cpu_dtype({torch.float32: torch.float32, torch.bfloat16: torch.bfloat16})
+    finally:
+        precision.estimate = original
+    assert dtype == torch.bfloat16
+    assert reason == ("bfloat16: measured here, Medusa on auto: optimal-16 writes a token every 25.0 ms in bfloat16 "
+                      "against 30.0 ms (Medusa on auto: optimal-4) in float32; plain decoding's step is 36.0 ms in "
+                      "float32 and 44.0 ms in bfloat16, the fastest in float32")
+
+
 @pytest.mark.parametrize("asked", ["float32", "bfloat16", torch.float32, torch.bfloat16])
 def test_a_dtype_asked_for_is_not_measured(tiny_dirs, monkeypatch, asked):
-    monkeypatch.setattr(precision, "bfloat16_time_ratio", lambda weights: pytest.fail("measured"))
+    monkeypatch.setattr(precision, "estimate", lambda lm: pytest.fail("measured"))
     lm = load_model(str(tiny_dirs["llama"]), dtype=asked, drafters=("medusa", "eagle"))
     assert str(lm.dtype).removeprefix("torch.") == str(asked).removeprefix("torch.") and lm.dtype_reason == ""
 
 
-def test_a_model_that_fits_the_caches_stays_float32_without_timing(tiny_llama, monkeypatch):
-    monkeypatch.setattr(precision, "bfloat16_time_ratio", lambda weights: pytest.fail("measured"))
-    dtype, reason = precision.choose_cpu_dtype(tiny_llama.model)
-    assert dtype == torch.float32 and "caches" in reason
+def test_a_model_that_fits_the_caches_stays_float32_without_timing(tiny_dirs, monkeypatch):
+    monkeypatch.setattr(precision, "estimate", lambda lm: pytest.fail("measured"))
+    lm = load_model(str(tiny_dirs["llama"]), drafters=("medusa",))
+    assert lm.dtype == torch.float32 and "caches" in lm.dtype_reason
 
 
 def test_dtype_and_attention_names_are_checked():
@@ -247,7 +298,7 @@ def tiny_falcon(tmp_path_factory):
 def test_a_model_whose_attention_cannot_be_gathered_stays_float32_or_says_why(tiny_falcon, monkeypatch, capsys):
     from decoding.cli import main
 
-    _stub_ratio(monkeypatch, 0.5)  # bfloat16 measures faster: a model that can gather takes it (above)
+    _stub_curves(monkeypatch, FAST_STEP_STEEP, SLOW_STEP_FLAT)  # a model that can gather takes bfloat16 (above)
     lm = load_model(str(tiny_falcon), drafters=["prompt-lookup"])
     assert lm.dtype == torch.float32 and not lm.may_part_from_plain and "falcon" in lm.dtype_reason
     asked = load_model(str(tiny_falcon), dtype="bfloat16", drafters=["prompt-lookup"])
