@@ -71,3 +71,14 @@ def test_bench_counts_against_the_fastest_plain_decoding_and_lists_the_others(ti
     lane = report["lanes"][0]
     assert lane["speedup"] == pytest.approx(lane["traced"]["tokens_per_second"] / max(rates.values()), rel=1e-6)
 
+
+
+def test_whether_a_model_fits_the_caches_does_not_change_when_its_layers_are_packed(tiny_dirs, monkeypatch):
+    from decoding import precision
+
+    monkeypatch.setattr(precision, "MIN_TIMED_BYTES", 1)  # every model counts as big
+    path = str(tiny_dirs["llama"])
+    for lm in (load_model(path, dtype="float32", drafters=()), load_model(path, dtype="float32", pack_linear=False,
+                                                                          drafters=()),
+               load_model(path, dtype="bfloat16", attention="gathered", drafters=())):
+        assert not precision.fits_in_caches(lm.model)
