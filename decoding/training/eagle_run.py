@@ -44,7 +44,7 @@ def read_sequences(shards: list[Path], fused: bool) -> tuple[list[Sequence], lis
         recorded = load_shard(path)
         layers = _feature_layers(path)
         sequences += sequences_from(recorded, layers, fused)
-    return sequences, layers[:-1]
+    return sequences, layers
 
 
 def _feature_layers(path: Path) -> list[int]:

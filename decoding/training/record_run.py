@@ -75,7 +75,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                         help="rows decoded together (a finished row takes the next question at once)")
     parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--device", default="cpu", help="cpu, or cuda (the model in bfloat16 there)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
 
 
 def add_record_arguments(parser: argparse.ArgumentParser) -> None:
@@ -86,6 +86,8 @@ def add_record_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shard-size", type=int, default=RecordingSettings().shard_size,
                         help="questions per shard, the unit that is saved and resumed")
     parser.add_argument("--limit", type=int, default=None, help="answer only the first this many questions")
+    parser.add_argument("--max-seconds", type=float, default=None,
+                        help="stop after this long (the shards finished by then are saved; run again to go on)")
 
 
 def _positive(**values: int | None) -> None:
@@ -99,11 +101,13 @@ def run_record(args: argparse.Namespace) -> int:
               limit=args.limit, threads=args.threads)
     questions = read_questions(args.questions)[: args.limit]
     out = args.out or default_answers_dir(args.model, args.questions)
-    tokenizer, model = load_base(args.model, args.threads, batch_size_hint=args.batch_size, device=args.device)
+    # float32 on every device: the answers are the ones decoding writes in float32 on a CPU.
+    tokenizer, model = load_base(args.model, args.threads, batch_size_hint=args.batch_size, device=args.device,
+                                 dtype=torch.float32)
     settings = RecordingSettings(args.max_new_tokens, args.batch_size, args.shard_size)
     started = time.perf_counter()
     tokens = record(model, tokenizer, questions, out, settings,
-                    {"model": args.model, "questions_file": args.questions.name})
+                    {"model": args.model, "questions_file": args.questions.name}, max_seconds=args.max_seconds)
     seconds = time.perf_counter() - started
     print(f"{tokens:,} answer tokens in {seconds:.0f} s ({tokens / max(seconds, 1e-9):.0f} tok/s, "
           f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}); {len(finished_shards(out))} shards in {out}")

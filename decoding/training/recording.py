@@ -36,6 +36,7 @@ from ..model import padding_id, stop_token_ids
 from .recorder import ContinuousBatcher, Recorded, feature_layers, recorded_from_tokens
 
 MANIFEST = "recording.json"
+RUN_DETAILS = ("batch_size",)  # manifest entries a resumed recording may change
 ANSWERS_ROOT = Path(__file__).resolve().parents[2] / "assets" / "recordings"
 
 
@@ -115,8 +116,9 @@ def _check_manifest(out: Path, manifest: dict) -> None:
     path = out / MANIFEST
     if path.exists():
         saved = json.loads(path.read_text())
-        if saved != manifest:
-            changed = sorted(k for k in manifest if saved.get(k) != manifest[k])
+        # The batch size only says how many rows decoded together, not what they wrote.
+        changed = sorted(k for k in manifest if k not in RUN_DETAILS and saved.get(k) != manifest[k])
+        if changed:
             raise DecodingError(f"{out} holds a recording made with other {', '.join(changed)}; "
                                 "give the same settings or another --out")
     else:
@@ -124,9 +126,12 @@ def _check_manifest(out: Path, manifest: dict) -> None:
 
 
 def record(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, questions: Sequence[str], out: Path,
-           settings: RecordingSettings, manifest: dict, features: Path | None = None) -> int:
+           settings: RecordingSettings, manifest: dict, features: Path | None = None,
+           max_seconds: float | None = None) -> int:
     """Answer every question of every unfinished shard into the answers folder `out` (features in
-    `features`, by default the cache's); return how many answer tokens were recorded."""
+    `features`, by default the cache's); return how many answer tokens were recorded. With
+    `max_seconds`, stop once that long has passed: the shards finished by then are saved, the
+    rest are answered by the next run."""
     out.mkdir(parents=True, exist_ok=True)
     layers = feature_layers(model.config.get_text_config(decoder=True).num_hidden_layers)
     _check_manifest(out, manifest | {"questions": len(questions), "feature_layers": list(layers),
@@ -153,5 +158,7 @@ def record(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, questions
         expected = min((shard + 1) * size, len(questions)) - shard * size
         if len(buckets[shard]) == expected:
             save_shard(shard_path(out, shard), sorted(buckets.pop(shard), key=lambda a: a.question), layers, features)
+        if max_seconds is not None and time.perf_counter() - started > max_seconds:
+            break
     bar.close()
     return tokens

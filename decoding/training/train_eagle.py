@@ -63,9 +63,13 @@ class EagleTrainingSettings:
     unroll: int = 7  # training-time test steps
     noise: float = 0.2  # uniform noise on the true input states, times their RMS
     feature_weight: float = 0.0  # the next-feature regression's weight, against the token KL's 1
-    fused: bool = True  # EAGLE-3: read a low, a middle and a high layer, fused; else the final state
+    fused: bool = True  # EAGLE-3: read a low, a middle, a high layer and the final state, fused; else the final state
     draft_vocab_size: int = 8192
     patience: int = 2  # epochs without a validation gain before training stops
+    # "identity": the draft layer starts by passing the text's feature through unchanged, the way
+    # Medusa's heads start (see `start_as_identity`); "random": the layer class's own initialisation.
+    start: str = "identity"
+    max_seconds: float = 0.0  # stop after the epoch that ends past this much training (0: no limit)
     seed: int = 0
 
 
@@ -87,15 +91,17 @@ class Sequence:
 def sequences_from(recorded: list[Recorded], layers: list[int], fused: bool) -> list[Sequence]:
     """Training sequences from a recording's answers: prompt + answer, the states at every position.
 
-    The recording keeps `layers` (recorder.feature_layers: three for EAGLE-3, then the final
+    The recording keeps `layers` (recorder.feature_layers: EAGLE-3's three, then the final
     state) at every position but the last, so the last answer token, whose state was never
-    computed, is dropped from the tokens: it has no pair to form.
+    computed, is dropped from the tokens: it has no pair to form. A fused head reads all of
+    them, the final state last (EAGLE-3 fuses the three alone; the final one lets the head start
+    where Medusa's heads do, see `start_as_identity`).
     """
     out = []
     for r in recorded:
         states = r.features  # (L, len(layers), H) float16
         tokens = torch.tensor(r.prompt + r.answer[:-1])
-        inputs = states[:, :-1].flatten(1) if fused else None
+        inputs = states.flatten(1) if fused else None
         out.append(Sequence(tokens, states[:, -1].clone(), len(r.prompt), inputs))
     return out
 
@@ -283,6 +289,43 @@ def draft_rows(head: EagleHead, base: PreTrainedModel) -> nn.Module:
 
 
 
+# The linear layers through which a decoder layer's attention and MLP write into the residual
+# stream, by the names the families with rotary layers give them (Llama, Qwen, Mistral, Gemma: the
+# first two; GPT-NeoX: the last two).
+RESIDUAL_OUTPUTS = ("o_proj", "down_proj", "dense", "dense_4h_to_h")
+STARTS = ("identity", "random")
+
+
+def start_as_identity(head: EagleHead) -> None:
+    """Make the untrained draft layer return the text's feature f_j unchanged.
+
+    fc reads [embedding; feature] and starts as [0 | I], so the layer's residual stream starts as
+    f_j; its attention and MLP start at zero (their output projections zeroed), so the layer adds
+    nothing. The untrained head therefore says what the base model's lm_head says at j, exactly
+    where Medusa's heads start, and training only has to learn the *change* from there: a layer
+    learning from scratch has to rebuild the lm_head's input space from random projections first,
+    which a few hundred thousand tokens cannot teach. A fused head's fuse starts by picking the
+    final state, which is the last of the layers it reads.
+    """
+    hidden = head.config.hidden_size
+    outputs = [m for name, m in head.layer.named_modules()
+               if isinstance(m, nn.Linear) and name.rsplit(".", 1)[-1] in RESIDUAL_OUTPUTS]
+    if len(outputs) != 2:
+        raise ValueError(f"{type(head.layer).__name__}: cannot tell its attention's and MLP's output projections")
+    with torch.no_grad():
+        head.fc.weight.zero_()
+        head.fc.weight[:, hidden:].copy_(torch.eye(hidden))
+        if head.fc.bias is not None:
+            head.fc.bias.zero_()
+        if head.fuse is not None:
+            head.fuse.weight.zero_()
+            head.fuse.weight[:, -hidden:].copy_(torch.eye(hidden))
+        for linear in outputs:
+            linear.weight.zero_()
+            if linear.bias is not None:
+                linear.bias.zero_()
+
+
 def new_eagle_head(base: PreTrainedModel, train: list[Sequence], settings: EagleTrainingSettings,
                    text_layers: list[int] | None = None) -> EagleHead:
     """A fresh head over the draft vocabulary of the tokens the training answers hold most; it
@@ -294,6 +337,10 @@ def new_eagle_head(base: PreTrainedModel, train: list[Sequence], settings: Eagle
     config = EagleConfig(text.hidden_size, text.vocab_size, draft_vocab_size=len(vocab), feature_layers=text_layers)
     head = EagleHead(config, base)
     head.draft_vocab.copy_(vocab)
+    if settings.start == "identity":
+        start_as_identity(head)
+    elif settings.start != "random":
+        raise ValueError(f"start must be one of {', '.join(STARTS)}, not {settings.start!r}")
     return head
 
 
@@ -345,6 +392,10 @@ def fit_eagle(head: EagleHead, base: PreTrainedModel, train: list[Sequence], val
                         "record": record, "best": best, "best_state": best_state, "rng": rng.getstate()}, path)
         kept = max(record, key=lambda r: r["validation"]["chain_tokens_per_pass"] if "validation" in r else -r["loss"])
         if epoch - kept["epoch"] >= settings.patience:
+            break
+        if settings.max_seconds and training_time(record) > settings.max_seconds:
+            print(f"stopping after epoch {epoch}: {training_time(record):.0f} s of training is past "
+                  f"--max-seconds {settings.max_seconds:.0f}")
             break
     head.load_state_dict(best_state)
     kept = max(record, key=lambda r: r["validation"]["chain_tokens_per_pass"] if "validation" in r else -r["loss"])
