@@ -23,6 +23,7 @@ from ..errors import DecodingError
 from .base_model import load_base
 from .commands import command_line, settings_from
 from .recorded import coverage
+from .eagle_start import new_eagle_head
 from .recording import finished_shards, load_shard
 from .train_eagle import (
     EagleEvaluation,
@@ -31,7 +32,6 @@ from .train_eagle import (
     draft_rows,
     evaluate_eagle,
     fit_eagle,
-    new_eagle_head,
     sequences_from,
     training_time,
 )
