@@ -181,7 +181,8 @@ def test_a_recording_trains_a_fused_eagle_head_that_decodes_losslessly(tiny_dirs
     out = tmp_path / "eagle"
     assert main(["train-eagle", "--model", str(folder), "--recorded", str(tmp_path / "recording"), "--out", str(out),
                  "--heldout-shards", "1", "--validation-shards", "1", "--epochs", "2", "--unroll", "2",
-                 "--draft-vocab-size", "64", "--threads", "1", "--fused", "--compare-eagle", str(folder / "eagle")]) == 0
+                 "--draft-vocab-size", "64", "--threads", "1", "--fused",
+                 "--compare-eagle", str(folder / "eagle")]) == 0
     printed = capsys.readouterr().out
     assert "held out" in printed and "on the same held-out answers" in printed
     saved = json.loads((out / "eagle_config.json").read_text())

@@ -44,7 +44,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel, get_cosine_schedule_with_warmup
 
-from ..eagle import EagleConfig, EagleHead
+from ..eagle import EagleHead
 from ..heads import vocabulary_rows
 from ..passes import additive_mask
 from .recorder import Recorded
