@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from decoding.drafters import drafter_setting
 from decoding.errors import DecodingError
-from decoding.loops import generate
+from decoding.measure import generate_on_free_cores
 from decoding.settings import DecodeSettings
 
 from .handlers import refusal
@@ -46,6 +46,6 @@ def trace_api(prompt: str, max_new_tokens: int = DEFAULTS.max_new_tokens, accept
                               temperature=temperature, seed=seed, num_heads=num_heads, method=method,
                               draft_tokens=draft_tokens, lookup_tokens=lookup_tokens, eagle_depth=eagle_depth,
                               eagle_top_k=eagle_top_k, eagle_nodes=eagle_nodes)
-        return generate(lm, prompt, decode_settings(lm, request)).to_dict()
+        return generate_on_free_cores(lm, prompt, decode_settings(lm, request)).to_dict()
     except DecodingError as e:
         raise refusal(e) from e

@@ -30,7 +30,7 @@ import gradio as gr
 from gradio.components import Component
 
 from decoding.errors import DecodingError
-from decoding.loops import stream
+from decoding.measure import stream_on_free_cores
 from decoding.race import RaceResult, race
 from decoding.trace import RunTrace
 
@@ -41,6 +41,7 @@ from .inputs import (
     RunRequest,
     decode_settings,
     race_lanes,
+    race_request,
 )
 from .model_thread import on_model_thread
 from .models import require_offered
@@ -192,7 +193,7 @@ def _stream_run(page: Page, values: dict, session: str) -> Iterator[dict]:
     yield {page.tabs: gr.Tabs(selected="playground"), page.summary: "Starting the run…", **waiting_asks(page, session)}
     first_round_after = None
     last_text = next_figures = 0.0
-    for trace in stream(model, request.prompt, settings):
+    for trace in stream_on_free_cores(model, request.prompt, settings):
         now = time.perf_counter()
         update = {}
         done = views.finished(trace)
@@ -241,7 +242,7 @@ def run_race(page: Page, values: dict, session: str = "") -> Iterator[dict]:
 
 
 def _stream_race(page: Page, values: dict, session: str) -> Iterator[dict]:
-    request, look = page.read(values), page.look(values)
+    request, look = race_request(page.read(values)), page.look(values)
     model = cache.get(require_offered(request.model))
     drafters = race_lanes(model, request)
     settings = decode_settings(model, request, drafters)

@@ -7,6 +7,7 @@ from `DecodeSettings`, so the page, the CLI and the API start from the same valu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 
@@ -19,11 +20,18 @@ from decoding.model import LoadedModel
 from decoding.race import DEFAULT_RACES
 from decoding.settings import PLAIN, DecodeSettings
 from decoding.tree import Tree, read_choices
+from decoding.tree_choice import AUTO_TREE, EVERY_HEAD_TREE
 
 DEFAULTS = DecodeSettings()
 # What a slider or an API call sends for a setting left unset (a seed, EAGLE's size, the heads in
 # use): the engine's None.
 PAGE_UNSET = 0
+# The Playground's tree: the fastest that uses every head, so a first run shows what Medusa is
+# (several heads, a tree); the race races the fastest tree here (RACE_TREE) unless told otherwise.
+PLAYGROUND_TREE = EVERY_HEAD_TREE
+RACE_TREE = AUTO_TREE
+PLAYGROUND_TREE_IN_RACE = "playground"  # the race's other choice: the tree the Playground runs
+RACE_TREE_CHOICES = {RACE_TREE: "the fastest tree here", PLAYGROUND_TREE_IN_RACE: "the Playground's tree"}
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,7 @@ class RunRequest:
     races: int = DEFAULT_RACES
     method: str = DEFAULTS.method  # the Playground's drafter
     lanes: tuple[str, ...] = (DEFAULTS.method,)  # the drafters the race runs beside plain decoding
+    race_tree: str = RACE_TREE  # a tree-taking lane's tree in the race: RACE_TREE, or PLAYGROUND_TREE_IN_RACE
     options: dict = field(default_factory=dict)
 
     @classmethod
@@ -96,10 +105,13 @@ def tree_spec(model: LoadedModel, preset: str, text: str, num_heads: int) -> str
     validated list. Using the first n heads keeps the paths at most n deep, as the engine does."""
     if preset in ("", "default"):
         preset = model.default_tree
-    preset_choices = named_tree(model, preset)
     if not text.strip():
         return preset
     choices = parse_tree_json(text)
+    problem = tree_problem(len(choices)) if isinstance(choices, list) else None
+    if problem:  # before the preset is built to compare with: a pasted 10,000-path tree is refused at once
+        raise DecodingError(problem)
+    preset_choices = named_tree(model, preset).choices
     if choices == preset_choices:
         return preset
     return [list(path) for path in checked_tree(choices, preset_choices, model.num_heads, num_heads).paths]
@@ -164,6 +176,16 @@ def api_request(prompt: str, model: str, tree: str, **fields: object) -> RunRequ
     json_tree = tree.lstrip().startswith("[")
     return RunRequest.of(prompt=prompt, model=model, preset="" if json_tree else tree,
                          tree_text=tree if json_tree else "", **fields)
+
+
+def race_request(request: RunRequest) -> RunRequest:
+    """The request a race runs: the Playground's, with the fastest tree here unless the visitor
+    chose to race the Playground's tree."""
+    if request.race_tree == PLAYGROUND_TREE_IN_RACE:
+        return request
+    if request.race_tree != RACE_TREE:
+        raise DecodingError(f"the race's tree is one of {', '.join(RACE_TREE_CHOICES)}, not {request.race_tree!r}")
+    return dataclasses.replace(request, preset=RACE_TREE, tree_text="")
 
 
 def race_lanes(model: LoadedModel, request: RunRequest) -> list[str]:

@@ -30,6 +30,7 @@ from .api import trace_api
 from .figure_style import MASK_SHARE, SIDEBAR_CLOSED_BELOW, SIDEBAR_PX, message_figure
 from .gpu import ON_ZERO_GPU, gpu
 from .handlers import Page
+from .inputs import RACE_TREE, RACE_TREE_CHOICES
 from .models import model_choices, model_note, warm_up
 from .race_views import RACE_IDLE
 from .text import Step, load_steps, load_text, render_steps
@@ -165,7 +166,7 @@ def build_demo() -> gr.Blocks:
         waiting_timer = gr.Timer(WAITING_EVERY)
         page = Page(
             request=dict(prompt=prompt, model=model_dd, max_new_tokens=max_new, **acceptance,
-                         races=race_tab["races"], lanes=race_tab["lanes"],
+                         races=race_tab["races"], lanes=race_tab["lanes"], race_tree=race_tab["race_tree"],
                          **{k: v for k, v in drafter.items() if k != "tree_status"}),
             projector=projector, width=width, tabs=tabs, run_state=run_state, race_state=race_state,
             stats_md=stats_md, stats_plots=dict(histogram=hist_plot, depths=heads_plot, speed=speed_plot),
@@ -173,7 +174,7 @@ def build_demo() -> gr.Blocks:
             step_mds=step_mds, run_download=run_dl, race_download=race_dl, playing=playing, play_timer=play_timer,
             waiting_timer=waiting_timer,
             steps=steps, learn_plots=learn_plots, **playground,
-            **{k: v for k, v in race_tab.items() if k not in ("races", "lanes")},
+            **{k: v for k, v in race_tab.items() if k not in ("races", "lanes", "race_tree")},
         )
         _wire_runs(page, run_btn, race_btn)
         # Outside the queue: a waiting visitor's page asks every few seconds what the model is busy
@@ -228,6 +229,8 @@ def _race_tab(tabs: gr.Tabs, drafters: list[str]) -> dict:
         lanes_box = gr.CheckboxGroup(lanes.choices(drafters, short=True), value=default_lanes(drafters), scale=3,
                                      elem_id="race-lanes-picker",
                                      label="Lanes beside plain decoding")
+        race_tree = gr.Radio([(words, name) for name, words in RACE_TREE_CHOICES.items()], value=RACE_TREE,
+                             label="Medusa's tree in the race", elem_id="race-tree", scale=2)
         why = gr.Button("Why this speedup? See the Stats tab →", scale=1, elem_id="why-speedup")
     why.click(lambda: gr.Tabs(selected="stats"), None, tabs, **PRIVATE)
     race_md = gr.Markdown(elem_id="race-summary")
@@ -236,8 +239,8 @@ def _race_tab(tabs: gr.Tabs, drafters: list[str]) -> dict:
     race_plot = gr.Plot(message_figure("Press Race to measure every lane."), show_label=False,
                         elem_id="race-plot")
     gr.Markdown(load_text("timing_note.md"))
-    return dict(races=races, lanes=lanes_box, race_md=race_md, race_status=race_status, race_lanes=race_lanes,
-                race_plot=race_plot)
+    return dict(races=races, lanes=lanes_box, race_tree=race_tree, race_md=race_md, race_status=race_status,
+                race_lanes=race_lanes, race_plot=race_plot)
 
 
 def _handler(fn: Callable, page: Page) -> Callable[[dict], dict]:

@@ -22,7 +22,7 @@ import torch
 
 from decoding import available_drafters
 from decoding.assets import EMBEDDED_MODELS_DIR, HEADS_CONFIG, read_heads_config
-from decoding.drafters.medusa_heads import adopt_auto_tree
+from decoding.cost_curve import model_cost_curve
 from decoding.errors import DecodingError
 from decoding.fetch import WHEEL_MODELS, is_fetched, not_fetched_message
 from decoding.loading import available_models, embedded_model_title, embedded_models, load_model
@@ -180,14 +180,15 @@ class ModelCache:
             if self._tiny_dir is None:
                 self._tiny_dir = make_tiny_model_dir(Path(tempfile.mkdtemp(prefix="medusa-tiny-")))
             model = load_model(str(self._tiny_dir))
-            adopt_auto_tree(model)
+            model_cost_curve(model)
             return model
         try:
             # The load-time self-test is a forward pass, which ZeroGPU forbids outside a GPU call;
-            # so is timing this machine's passes for the auto tree (there, the heads' default tree).
+            # so is timing this machine's passes, which the trees chosen here are chosen by (there,
+            # they are the heads' default tree). Timed once at load, so no run waits for it.
             model = load_model(name, self_test=not ON_ZERO_GPU)
             if not ON_ZERO_GPU:
-                adopt_auto_tree(model)
+                model_cost_curve(model)
             return model
         except DecodingError:
             raise

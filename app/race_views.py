@@ -17,6 +17,7 @@ from decoding.trace import RunTrace
 
 from . import charts, eagle_views, lanes
 from .figure_style import LAPTOP, Look, message_figure
+from .text import count
 from .tokens import md_text, stream_html
 
 RACE_IDLE = "Press **Race vs plain** to measure plain decoding and every ticked drafter on this prompt."
@@ -98,8 +99,9 @@ def lane_row(lane: str, trace: RunTrace | None, clock: float) -> str:
     passes = sum(1 for t in times[1:] if t <= clock)  # the first point is the start, not a pass
     end = times[-1]
     finished = f" · done in {end:.2f} s" if clock >= end else ""
+    so_far = f"{count(counts[passes], 'token')} · {count(passes, 'pass', 'passes')}{finished}"
     return (f'<div class="lane" data-lane="{lane}" style="--lane:{lanes.colour(lane)}">'
-            f'<div class="pane-head">{name}<span>{counts[passes]} tokens · {passes} passes{finished}</span></div>'
+            f'<div class="pane-head">{name}<span>{so_far}</span></div>'
             f"{stream_html(trace, until=clock, show_prompt=False, caret=clock < end)}</div>")
 
 

@@ -15,6 +15,7 @@ from gradio.components import Component
 
 from decoding import available_drafters
 from decoding.drafters import DRAFTERS, Drafter
+from decoding.drafters.medusa_heads import CHOSEN_TREES, named_tree, tree_names
 from decoding.errors import DecodingError
 from decoding.model import LoadedModel
 from decoding.race import default_lanes
@@ -22,7 +23,7 @@ from decoding.settings import DecodeSettings, Setting
 
 from . import lanes, views
 from .handlers import refusal, toast_text
-from .inputs import PAGE_UNSET, describe_tree, format_choices
+from .inputs import PAGE_UNSET, PLAYGROUND_TREE, describe_tree, format_choices
 from .models import require_offered
 from .store import cache
 
@@ -49,18 +50,44 @@ def drafter_settings(model: LoadedModel) -> dict[str, Component]:
     takes_tree = DRAFTERS[method].takes_tree
     controls = dict(method=gr.Radio(lanes.choices(drafters), value=method, label="Drafter (who guesses ahead)",
                                     elem_id="drafter"))
-    controls["preset"] = gr.Dropdown(list(model.trees), value=model.default_tree, label="Tree preset",
-                                     elem_id="tree-preset", visible=takes_tree)
-    controls["tree_text"] = gr.Code(format_choices(model.trees[model.default_tree]), language="json",
-                                    label="Tree: one path of ranks per node", lines=6,
-                                    max_lines=12, elem_id="tree-json", visible=takes_tree)
-    controls["tree_status"] = gr.Markdown(describe_tree(controls["tree_text"].value, model.trees[model.default_tree],
-                                                        model.num_heads, model.num_heads),
-                                          elem_id="tree-status", visible=takes_tree)
+    trees = tree_controls(model)
+    controls["preset"] = gr.Dropdown(**trees["preset"], label="Tree preset", elem_id="tree-preset",
+                                     visible=takes_tree)
+    controls["tree_text"] = gr.Code(trees["tree_text"], language="json", label="Tree: one path of ranks per node",
+                                    lines=6, max_lines=12, elem_id="tree-json", visible=takes_tree)
+    controls["tree_status"] = gr.Markdown(trees["tree_status"], elem_id="tree-status", visible=takes_tree)
     for name, cls in DRAFTERS.items():
         for setting in cls.settings:
             controls[setting.name] = setting_slider(setting, model, visible=name == method)
     return controls
+
+
+def tree_menu(model: LoadedModel) -> list[tuple[str, str]]:
+    """(label, name) pairs for the tree preset menu: the trees chosen on this machine, named for
+    what they are and what they came to here, then the model's presets. The chosen trees' names
+    are the same for every model, so the menu's value never names a tree the next model lacks."""
+    if model.heads is None:
+        return []
+
+    def label(name: str) -> str:
+        if name not in CHOSEN_TREES:
+            return name
+        if model.cost_curve is None:  # not timed yet (on ZeroGPU, until a run): no size to tell
+            return CHOSEN_TREES[name]
+        tree = named_tree(model, name)
+        return f"{CHOSEN_TREES[name]}: {tree.size - 1} guesses, {tree.max_depth} deep"
+    return [(label(name), name) for name in tree_names(model)]
+
+
+def tree_controls(model: LoadedModel, preset: str = PLAYGROUND_TREE) -> dict[str, object]:
+    """The tree menu, the editor's text and its status line for `preset` on `model`, by name."""
+    menu = tree_menu(model)
+    if not menu:
+        return {"preset": dict(choices=[], value=None), "tree_text": "", "tree_status": ""}
+    choices = named_tree(model, preset).choices
+    text = format_choices(choices)
+    return {"preset": dict(choices=menu, value=preset), "tree_text": text,
+            "tree_status": describe_tree(text, choices, model.num_heads, model.num_heads)}
 
 
 def acceptance_settings() -> dict[str, Component]:
@@ -103,13 +130,14 @@ def _load(name: str) -> LoadedModel:
 
 
 # What `switch_model` updates, by name (layout.py maps the names to the components).
-SWITCH_MODEL_OUTPUTS = ("model", "current_model", "model_card", "num_heads", "preset", "tree_text", "method",
-                        "lanes")
+SWITCH_MODEL_OUTPUTS = ("model", "current_model", "model_card", "num_heads", "preset", "tree_text", "tree_status",
+                        "method", "lanes")
 
 
 def switch_model(name: str, previous: str, method: str) -> dict[str, object]:
     """Load the chosen model; if it cannot load, say why and go back to the previous one. The
-    drafter choices become the new model's; the chosen drafter stays where the model offers it.
+    drafter choices become the new model's; the chosen drafter stays where the model offers it;
+    the tree goes back to the Playground's default, from the new model's own figures.
     Updates by name (one of SWITCH_MODEL_OUTPUTS); a name left out keeps its component as it is."""
     try:
         model = cache.get(require_offered(name))
@@ -117,20 +145,28 @@ def switch_model(name: str, previous: str, method: str) -> dict[str, object]:
         gr.Warning(toast_text(e))
         return {"model": previous, "current_model": previous}
     drafters = available_drafters(model)
+    trees = tree_controls(model)
     return {"current_model": name, "model_card": views.model_card(model),
             "num_heads": gr.Slider(maximum=model.num_heads, value=PAGE_UNSET),
-            "preset": gr.Dropdown(choices=list(model.trees), value=model.default_tree),
-            "tree_text": format_choices(model.trees[model.default_tree]),
+            "preset": gr.Dropdown(**trees["preset"]), "tree_text": trees["tree_text"],
+            "tree_status": trees["tree_status"],
             "method": gr.Radio(choices=lanes.choices(drafters), value=method if method in drafters else drafters[0]),
             "lanes": gr.CheckboxGroup(choices=lanes.choices(drafters, short=True), value=default_lanes(drafters))}
 
 
+def _named_choices(model: LoadedModel, preset: str) -> list[list[int]] | None:
+    try:
+        return named_tree(model, preset).choices
+    except DecodingError:
+        return None
+
+
 def preset_text(model_name: str, preset: str) -> str:
-    trees = _load(model_name).trees
-    return format_choices(trees[preset]) if preset in trees else gr.skip()
+    choices = _named_choices(_load(model_name), preset)
+    return format_choices(choices) if choices is not None else gr.skip()
 
 
 def tree_status(text: str, num_heads: float, model_name: str, preset: str) -> str:
     """The tree editor's status line; the heads slider's PAGE_UNSET means all the model's heads."""
     model = _load(model_name)
-    return describe_tree(text, model.trees.get(preset), model.num_heads, int(num_heads) or model.num_heads)
+    return describe_tree(text, _named_choices(model, preset), model.num_heads, int(num_heads) or model.num_heads)

@@ -74,6 +74,12 @@ def fill(template: str, values: dict[str, str]) -> str:
     return PLACEHOLDER.sub(lambda m: values.get(m.group(1), MISSING), template)
 
 
+def count(number: int, noun: str, plural: str | None = None) -> str:
+    """"1 token", "3 tokens": a number with its noun, in the plural where it needs one
+    (`plural`: where adding an s does not make it)."""
+    return f"{number} {noun if number == 1 else plural or noun + 's'}"
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f}"
 
@@ -113,15 +119,17 @@ def run_values(run: RunTrace) -> dict[str, str]:
         values |= {
             "tree_name": f"*{md_text(tree.name)}*",  # a name, not a token: spaces stay spaces
             "tree_nodes": str(tree.size),
-            "tree_candidates": str(leaf_count(tree.parents)),
-            "tree_depth": str(max(tree.depths)),
+            "tree_candidates": count(leaf_count(tree.parents), "candidate path"),
+            "tree_depth_tokens": count(max(tree.depths), "token"),
+            "tree_heads": f"{max(tree.depths)} of its {count(run.settings.num_heads, 'head')}"
+                          if run.settings.num_heads else count(max(tree.depths), "head"),
         }
     if run.rounds:
         best = max(run.rounds, key=lambda r: r.accepted_length)
         values |= {
             "best_round": str(best.index + 1),
-            "best_accepted": str(best.accepted_length),
-            "best_guesses": str(sum(best.emitted_from_drafter)),
+            "best_accepted": count(best.accepted_length, "token"),
+            "best_guesses": count(sum(best.emitted_from_drafter), "guess", "guesses"),
             "best_text": _quoted(best.emitted_texts),
         }
         if best.guesses and best.node_texts and run.tree is not None:
@@ -236,7 +244,7 @@ def curve_values(curve: CostCurve | None, tree_nodes: int | None) -> dict[str, s
     sampled = points if len(points) <= 4 else [points[0], points[len(points) // 3],
                                                points[2 * len(points) // 3], points[-1]]
     said = [f"over {size} tokens {cost:.2f}" for size, cost in sampled]
-    said[0] = f"a pass over {sampled[0][0]} tokens cost {sampled[0][1]:.2f} one-token steps"
+    said[0] = f"a pass over {count(sampled[0][0], 'token')} cost {sampled[0][1]:.2f} one-token steps"
     listed = said[0] if len(said) < 2 else ", ".join(said[:-1]) + " and " + said[-1]
     shape = CURVE_SHAPES[curve_shape(curve)]
     values = {"cost_curve": (f"On this machine ({md_text(curve.device)}, {md_text(curve.dtype)}, {curve.threads} "

@@ -24,7 +24,7 @@ from .eagle_figures import guessing_figure, round_tree_figure
 from .eagle_views import NO_ACCURACY, GuessingAccuracy
 from .figure_style import LAPTOP, Look, message_figure
 from .models import describe
-from .text import measured_curve, walkthrough_run
+from .text import count, measured_curve, walkthrough_run
 from .tokens import legend_html, md_code, md_text, stream_html
 from .tree_figures import mask_figure
 from .tree_layout import leaf_count
@@ -104,15 +104,34 @@ def run_summary(trace: RunTrace, first_round_after: float | None = None) -> str:
     latency = f" · first round ready {first_round_after:.2f} s after Run" if first_round_after else ""
     drafter = "EAGLE's draft layer" if trace.settings.method == lanes.EAGLE else "the draft model"
     # The drafter's own passes are passes of a smaller network: counted apart, never added in.
-    own = f", and {facts.draft_passes} passes of {drafter}" if facts.draft_passes else ""
+    own = f", and {count(facts.draft_passes, 'pass', 'passes')} of {drafter}" if facts.draft_passes else ""
     if facts.finished:
-        timing = f"{facts.seconds:.2f} s measured ({facts.tokens_per_second:.0f} tokens/s)"
+        timing = f"{facts.seconds:.2f} s measured ({rate(facts.tokens_per_second)})"
     else:
-        speed = f" ({facts.tokens_per_second:.0f} tokens/s)" if facts.tokens_per_second is not None else ""
+        speed = f" ({rate(facts.tokens_per_second)})" if facts.tokens_per_second is not None else ""
         timing = f"{facts.seconds:.2f} s so far{speed}"
-    return (f"{lanes.title(trace.settings.method)} · **{facts.tokens} tokens in {facts.passes} passes "
-            f"of the model**{own}: {facts.from_prefill} from the prefill + {facts.from_rounds} from {facts.rounds} "
-            f"rounds, **{facts.tokens_per_round:.2f} tokens per round** · {timing} · {state}{latency}")
+    if trace.stop_reason == "time_limit":
+        state += f" after {facts.tokens} of the {trace.settings.max_new_tokens} tokens asked for"
+    return (f"{lanes.title(trace.settings.method)} · **{count(facts.tokens, 'token')} in "
+            f"{count(facts.passes, 'pass', 'passes')} of the model**{own}: {facts.from_prefill} from the prefill + "
+            f"{facts.from_rounds} from {count(facts.rounds, 'round')}, **{facts.tokens_per_round:.2f} tokens per "
+            f"round** · {timing}{load_clause(trace)} · {state}{latency}")
+
+
+def rate(tokens_per_second: float) -> str:
+    """A speed as the page prints it: whole tokens a second, one decimal below ten."""
+    return f"{tokens_per_second:.1f} tokens/s" if tokens_per_second < 10 else f"{tokens_per_second:.0f} tokens/s"
+
+
+def load_clause(trace: RunTrace) -> str:
+    """Beside a run's time, where the machine was busy when it started: how busy, and the threads
+    it ran on instead (measure.stream_on_free_cores); empty on a quiet machine."""
+    load = trace.load
+    if load is None or not load.busy:
+        return ""
+    fewer = (f", so it ran on {count(load.threads, 'thread')} instead of {trace.threads_before}"
+             if trace.threads_before and load.threads < trace.threads_before else "")
+    return f" · ⚠ other programs held {load.others:.1f} of {load.cores} cores{fewer}"
 
 
 def refusal_text(error: Exception, what: str = "run", earlier: bool = False) -> str:
@@ -129,7 +148,8 @@ def drafting_text(trace: RunTrace, rnd: RoundTrace) -> str:
     if method == lanes.EAGLE:
         return eagle_views.drafting_text(rnd)
     if method == lanes.DRAFT_MODEL:
-        return (f"the draft model wrote {guesses} guess(es) in **{rnd.draft_passes} passes** of its own "
+        return (f"the draft model wrote {count(guesses, 'guess', 'guesses')} in "
+                f"**{count(rnd.draft_passes, 'pass', 'passes')}** of its own "
                 f"(**{rnd.time_draft * 1e3:.1f} ms**) · ")
     if method != lanes.PROMPT_LOOKUP:
         return ""
@@ -186,7 +206,7 @@ def round_info(trace: RunTrace, index: int) -> str:
             "verified **the root alone** in one pass (a plain step) · " if facts.verified == 1 else
             f"verified **{facts.verified} tree nodes** "
             f"({'a chain' if facts.paths == 1 else f'{facts.paths} candidate paths'}) "
-            f"in one pass · accepted **{facts.accepted_guesses} guess(es)** · ")
+            f"in one pass · accepted **{count(facts.accepted_guesses, 'guess', 'guesses')}** · ")
         cut = " (cut at the end of the run)" if facts.cut else ""
         chosen = f" · ★ next token {md_code(rnd.next_text, 14)}"
         if facts.sampled_over is not None:

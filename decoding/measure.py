@@ -26,17 +26,22 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
-from .loops import generate
+from .loops import generate, stream
 from .machine_load import LoadMeter, MachineLoad
 from .model import LoadedModel
 from .settings import DecodeSettings
 from .trace import RunTrace
+
+# How long a run looks at the machine's load before it starts: /proc/stat counts in hundredths of
+# a second, so a tenth of a second tells a core held by another program (1.0) from a quiet one.
+LOOK_SECONDS = 0.1
 
 
 def busy_note(load: MachineLoad | None, threads_before: int | None = None) -> str:
@@ -70,6 +75,35 @@ def threads_for_load(load: MachineLoad) -> int:
     if not load.busy or load.others is None:
         return threads
     return max(1, min(threads, int(load.cores - load.others + 0.5)))
+
+
+def look_at_load(seconds: float = LOOK_SECONDS) -> MachineLoad:
+    """The machine's load over a short look now, before anything runs: the cores other programs
+    keep busy, from the kernel (this process sits idle meanwhile)."""
+    meter = LoadMeter()
+    time.sleep(seconds)
+    return meter.stop()
+
+
+def stream_on_free_cores(lm: LoadedModel, prompt: str, settings: DecodeSettings,
+                         load: MachineLoad | None = None) -> Iterator[RunTrace]:
+    """`stream`, on as many torch threads as the cores other programs leave free: what every run
+    a visitor waits for goes through (the page's Run, `/trace`; the race picks its threads the same
+    way from its warm-up). `load`: a look taken already, else one taken now. Each trace records the
+    look and the threads (`RunTrace.load`), so its figures can say when the machine was busy."""
+    load = load or look_at_load()
+    threads = threads_for_load(load)
+    ran = dataclasses.replace(load, threads=threads)
+    with torch_threads(threads):
+        for trace in stream(lm, prompt, settings):
+            trace.load, trace.threads_before = ran, load.threads
+            yield trace
+
+
+def generate_on_free_cores(lm: LoadedModel, prompt: str, settings: DecodeSettings) -> RunTrace:
+    """`stream_on_free_cores` run to its end: the whole trace."""
+    *_, trace = stream_on_free_cores(lm, prompt, settings)
+    return trace
 
 
 @contextmanager

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
 from .errors import DecodingError
+from .machine_load import MachineLoad
 from .settings import DecodeSettings
 
 
@@ -245,6 +247,10 @@ class RunTrace:
     dtype_reason: str = ""
     # The measured cost of a T-token pass on this machine, when the model's curve was measured.
     cost_curve: CostCurve | None = None
+    # The machine's load looked at just before the run, with the torch threads the run then used
+    # (measure.stream_on_free_cores), and the process's own thread count; None: not looked at.
+    load: MachineLoad | None = None
+    threads_before: int | None = None
 
     # ----- totals, derived from the rounds so they can never disagree with them -----
     @property
@@ -318,16 +324,33 @@ class RunTrace:
         if missing:
             raise DecodingError(f"not a trace: it has no {', '.join(missing)}")
         fields = {k: v for k, v in data.items() if k in names}
-        fields["settings"] = DecodeSettings(**fields["settings"])
-        if fields.get("tree") is not None:
-            fields["tree"] = _tree_from_dict(fields["tree"])
-        if fields.get("drafter") is not None:
-            fields["drafter"] = DrafterInfo(**fields["drafter"])
-        if fields.get("cost_curve") is not None:
-            fields["cost_curve"] = CostCurve(**fields["cost_curve"])
-        fields["rounds"] = [_round_from_dict(_renamed(r, RENAMED_ROUND_FIELDS)) for r in fields.get("rounds", [])]
-        return cls(**fields)
+        try:
+            fields["settings"] = DecodeSettings(**fields["settings"])
+            if fields.get("tree") is not None:
+                fields["tree"] = _tree_from_dict(fields["tree"])
+            if fields.get("drafter") is not None:
+                fields["drafter"] = DrafterInfo(**fields["drafter"])
+            if fields.get("cost_curve") is not None:
+                fields["cost_curve"] = CostCurve(**fields["cost_curve"])
+            if fields.get("load") is not None:
+                fields["load"] = MachineLoad(**{k: v for k, v in fields["load"].items() if k != "busy"})
+            fields["rounds"] = [_round_from_dict(_renamed(r, RENAMED_ROUND_FIELDS)) for r in fields.get("rounds", [])]
+            return cls(**fields)
+        except (TypeError, AttributeError) as e:  # a part that is not an object of that part's fields
+            raise DecodingError(f"not a trace: {e}") from e
 
     @classmethod
     def from_json(cls, text: str) -> RunTrace:
-        return cls.from_dict(json.loads(text))
+        """The trace `to_json` wrote, or a DecodingError saying why `text` is not one."""
+        if not isinstance(text, str):
+            raise DecodingError(f"a trace is JSON text (a str), not {type(text).__name__}")
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise DecodingError(f"not a trace: the JSON is malformed: {e.msg} at line {e.lineno}") from e
+        except RecursionError:
+            raise DecodingError("not a trace: the JSON is nested too deeply") from None
+        except ValueError:  # what is left: a number too long for Python to turn into an int
+            raise DecodingError(f"not a trace: it holds a number of more than {sys.get_int_max_str_digits()} "
+                                "digits") from None
+        return cls.from_dict(data)

@@ -157,6 +157,11 @@ class Tree:
 
     # ----- per-node facts -----
     @property
+    def choices(self) -> list[list[int]]:
+        """The paths as a choices list, the form a tree is written in."""
+        return [list(path) for path in self.paths]
+
+    @property
     def size(self) -> int:
         """Number of nodes, root included: the tokens one verify pass processes."""
         return len(self.paths) + 1

@@ -16,6 +16,8 @@ descendants, so the chosen nodes always form a tree, and the tree for n + 1 node
 tree for n.
 
 `--tree auto` then picks the size: the tree that maximises tokens per second on this machine.
+`--tree every-head` does the same among trees whose top-1 path reaches every head: on a steep
+cost curve the fastest tree may read head 1 alone, which shows little of what Medusa is.
 
 Two measurements decide it. The heads' accuracy table, `acc[h][r]` (how often head h+1's rank-r
 guess was right on held-out text, saved with the heads), gives each tree's expected tokens per
@@ -42,7 +44,10 @@ from .trace import CostCurve
 
 Path = tuple[int, ...]
 
-AUTO_TREE = "auto"  # the tree spec that asks for this choice
+AUTO_TREE = "auto"  # the tree spec that asks for this choice: the fastest tree here
+# The fastest tree that uses every head: the auto tree's rule, each candidate's top-1 path carried
+# down to the last head. What a page shows to teach Medusa: several heads, a tree.
+EVERY_HEAD_TREE = "every-head"
 MAX_AUTO_NODES = 64  # the largest tree the curve measures, root excluded: 63 nodes plus the root
 
 
@@ -115,6 +120,13 @@ def expected_tokens_per_pass(
     return 1.0 + sum(path_acceptance(acc, path) for path in choices)
 
 
+def with_top_chain(choices: list[list[int]], depth: int) -> list[list[int]]:
+    """`choices` with the top-1 path carried down to `depth`: every [0]*d not yet in the tree
+    added, so that each head guesses at least once a round. In (length, path) order."""
+    paths = {tuple(path) for path in choices} | {(0,) * d for d in range(1, depth + 1)}
+    return [list(p) for p in sorted(paths, key=lambda p: (len(p), p))]
+
+
 @dataclass(frozen=True)
 class TreeChoice:
     """The tree auto chose, and the figures it was chosen by."""
@@ -124,6 +136,10 @@ class TreeChoice:
     expected_tokens: float  # per pass, by the product rule
     pass_cost: float  # the verify pass, in one-token steps
     draft_cost: float  # drafting per round, in one-token steps
+    # The optimal tree this one grew from (its guesses), and how deep its top-1 path was carried
+    # on (1: not at all: the optimal tree itself).
+    optimal_nodes: int = 0
+    reach: int = 1
 
     @property
     def estimated_speedup(self) -> float:
@@ -131,17 +147,27 @@ class TreeChoice:
 
     @property
     def name(self) -> str:
-        return f"auto: optimal-{self.nodes}"
+        if self.reach <= 1:
+            return f"{AUTO_TREE}: optimal-{self.nodes}"
+        return f"{EVERY_HEAD_TREE}: optimal-{self.optimal_nodes} + top-1 to head {self.reach}"
 
 
-def choose_tree(accuracy: list[list[float]], curve: CostCurve, max_nodes: int = MAX_AUTO_NODES) -> TreeChoice:
-    """The optimal-n tree with the highest expected tokens per pass over its measured round cost."""
+def choose_tree(accuracy: list[list[float]], curve: CostCurve, max_nodes: int = MAX_AUTO_NODES,
+                reach: int = 1) -> TreeChoice:
+    """The optimal-n tree with the highest expected tokens per pass over its measured round cost;
+    with `reach` > 1, each candidate's top-1 path is first carried down to head `reach`."""
     largest = min(max_nodes, max_tree_nodes(accuracy), curve.sizes[-1] - 1)
+    reach = min(reach, len(accuracy))
     best: TreeChoice | None = None
-    for nodes in range(1, largest + 1):
-        choices = optimal_choices(accuracy, nodes)
+    for optimal in range(1, largest + 1):
+        choices = optimal_choices(accuracy, optimal)
+        if reach > 1:
+            choices = with_top_chain(choices, reach)
+        nodes = len(choices)
+        if nodes > largest:
+            break
         candidate = TreeChoice(nodes, choices, expected_tokens_per_pass(accuracy, choices),
-                               curve.cost(nodes + 1), curve.draft_cost)
+                               curve.cost(nodes + 1), curve.draft_cost, optimal, reach)
         if best is None or candidate.estimated_speedup > best.estimated_speedup:
             best = candidate
     return best

@@ -170,7 +170,6 @@ def threads_under_load(prompts: list[str], model: str, heats: int) -> None:
 
     import torch
 
-    from decoding.drafters.medusa_heads import adopt_auto_tree
     from decoding.loading import load_model
     from decoding.measure import combined, run_heat
     from decoding.settings import DecodeSettings
@@ -178,8 +177,7 @@ def threads_under_load(prompts: list[str], model: str, heats: int) -> None:
 
     before = torch.get_num_threads()
     lm = load_model(model)
-    adopt_auto_tree(lm)
-    plan = {"ar": DecodeSettings(method="ar"), "medusa": DecodeSettings(tree=lm.default_tree)}
+    plan = {"ar": DecodeSettings(method="ar"), "medusa": DecodeSettings(tree="auto")}
     for name, settings in plan.items():  # warm-up
         run_heat(lm, prompts[0], {name: dataclasses.replace(settings, max_new_tokens=8)}, [name])
     for busy in (False, True):

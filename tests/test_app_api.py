@@ -21,6 +21,7 @@ from app.sidebar import switch_model
 from app.store import cache, write_json
 from app.views import LEARN_FIGURES, STATS_FIGURES
 from app_helpers import on_a_new_thread
+from decoding.drafters.medusa_heads import named_tree
 from decoding.errors import DecodingError
 from decoding.limits import PAGE_LIMITS
 from decoding.prompts import example_prompts
@@ -80,6 +81,8 @@ def test_trace_endpoint_returns_a_whole_run(client):
     assert trace.tree is not None and trace.tree.size == len(trace.rounds[0].node_tokens)
     assert all(r.accepted_nodes[0] == 0 for r in trace.rounds)
     assert data["text"] == trace.text
+    # it looked at the machine's load first and ran on the cores left free (measure.stream_on_free_cores)
+    assert trace.load is not None and 1 <= trace.load.threads <= trace.threads_before
 
 
 def test_trace_refuses_a_model_the_page_does_not_offer(client, tmp_path_factory):
@@ -194,8 +197,11 @@ def _settings(model, tree_text: str, num_heads: int, **overrides):
 
 
 def test_an_unedited_preset_is_passed_by_name(model):
-    text = format_choices(model.trees[model.default_tree])
-    assert json.loads(text) == model.trees[model.default_tree]
+    """The editor shows a preset cut to the model's heads; that text runs as the preset by name."""
+    shown = named_tree(model, model.default_tree).choices
+    assert all(len(path) <= model.num_heads for path in shown)
+    text = format_choices(shown)
+    assert json.loads(text) == shown
     assert _settings(model, text, model.num_heads).tree == model.default_tree
 
 
@@ -505,8 +511,9 @@ def test_a_page_stops_asking_what_the_model_does_while_its_own_run_or_race_runs(
 
 @pytest.mark.parametrize("request_fields, message", [
     (dict(prompt=""), "the prompt is empty"),
-    (dict(prompt="It is", tree_text="[[0], [0"), "the tree JSON is malformed"),
-    (dict(prompt="It is", tree_text=ten_thousand_path_tree()), "the tree has 10001 nodes"),
+    # The race reads the Playground's tree only when told to race it (else: the fastest here).
+    (dict(prompt="It is", tree_text="[[0], [0", race_tree="playground"), "the tree JSON is malformed"),
+    (dict(prompt="It is", tree_text=ten_thousand_path_tree(), race_tree="playground"), "the tree has 10001 nodes"),
     (dict(prompt="x" * 20_000), "the prompt is 20,000 characters"),
 ])
 def test_a_run_the_page_refuses_says_why_on_its_status_line_not_as_an_error_on_every_panel(
@@ -562,7 +569,7 @@ def _timed_run(tiny_model_dir, monkeypatch, build_seconds: float, round_seconds:
 
     clock = [0.0]
     drawn = []
-    real_stream = handlers.stream
+    real_stream = handlers.stream_on_free_cores
 
     def slow_stream(*args, **kwargs):
         for trace in real_stream(*args, **kwargs):
@@ -576,7 +583,7 @@ def _timed_run(tiny_model_dir, monkeypatch, build_seconds: float, round_seconds:
 
     monkeypatch.setenv("MEDUSA_PLAYGROUND_MODEL", tiny_model_dir)
     monkeypatch.setattr(handlers, "time", SimpleNamespace(perf_counter=lambda: clock[0], time=time.time))
-    monkeypatch.setattr(handlers, "stream", slow_stream)
+    monkeypatch.setattr(handlers, "stream_on_free_cores", slow_stream)
     monkeypatch.setattr(handlers, "round_updates", figures)
     page, values = _page_and_values(tiny_model_dir, prompt="It is a truth", max_new_tokens=64)
     return list(handlers.run_drafter(page, values)), drawn, clock[0]
@@ -607,3 +614,17 @@ def test_a_small_trees_figures_still_follow_the_run(tiny_model_dir, monkeypatch)
     rounds = len(updates[-1]["run_state"].rounds)
     assert drawn[0] == 0 and drawn[-1] == rounds - 1 and updates[-1]["tree_plot"] == f"round {rounds - 1}"
     assert seconds / handlers.FIGURES_EVERY - 1 <= len(drawn) <= seconds / handlers.FIGURES_EVERY + 2
+
+
+def test_the_race_races_the_fastest_tree_unless_told_to_race_the_playgrounds(model):
+    """The Playground shows every head; the race's Medusa lane runs the fastest tree here, and a
+    half-edited Playground tree does not block it."""
+    from app.inputs import race_request
+
+    request = RunRequest.of(prompt="It is", model=model.name, preset="every-head", tree_text="[[0], [0")
+    raced = race_request(request)
+    assert raced.preset == "auto" and raced.tree_text == ""
+    assert race_request(dataclasses.replace(request, race_tree="playground")) == dataclasses.replace(
+        request, race_tree="playground")
+    with pytest.raises(DecodingError, match="race's tree"):
+        race_request(dataclasses.replace(request, race_tree="biggest"))

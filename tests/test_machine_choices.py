@@ -51,6 +51,39 @@ def test_a_flat_curve_buys_a_big_tree_and_a_steep_one_a_small_tree():
     assert big.choices == grown(accuracy, big.nodes)  # the paper's optimal tree of that size
 
 
+def test_every_head_carries_the_fastest_trees_top_path_down_to_the_last_head():
+    """On a steep curve the fastest tree reads head 1 alone; every-head adds the top-1 path down to
+    the last head, and picks its size by the same rule."""
+    accuracy = [[0.49, 0.12, 0.06, 0.04], [0.30, 0.10, 0.06, 0.04], [0.20, 0.08, 0.05, 0.04]]
+    fastest = choose_tree(accuracy, STEEP)
+    every = choose_tree(accuracy, STEEP, reach=3)
+    assert max(len(p) for p in fastest.choices) < 3 <= max(len(p) for p in every.choices)
+    assert [0, 0] in every.choices and [0, 0, 0] in every.choices
+    assert set(map(tuple, grown(accuracy, every.optimal_nodes))) <= set(map(tuple, every.choices))
+    assert every.nodes == len(every.choices) and every.name.startswith("every-head: optimal-")
+    # by hand for the two-head table: n=1 is [0] + [0,0]: 1.9 / (1.2 + 0.1), the same tree as auto's n=2
+    curve = CostCurve(sizes=[1, 2, 3, 4, 5], costs=[1.0, 1.1, 1.2, 1.5, 2.0], step_seconds=0.1,
+                      device="cpu", dtype="float32", threads=1, past=16, measured_at="x", draft_cost=0.1)
+    choice = choose_tree(ACCURACY, curve, reach=2)
+    assert choice.choices == [[0], [0, 0]] and choice.optimal_nodes == 1
+    assert choice.estimated_speedup == pytest.approx(1.9 / 1.3)
+
+
+def test_the_trees_chosen_here_are_named_alike_for_every_model_and_never_added_to_its_trees(tiny_llama):
+    from decoding.drafters.medusa_heads import CHOSEN_TREES, named_tree, tree_names
+
+    accuracy = [[0.49, 0.12, 0.06, 0.04], [0.30, 0.10, 0.06, 0.04], [0.20, 0.08, 0.05, 0.04], [0.1] * 4]
+    lm = replace(tiny_llama, head_accuracy=accuracy, cost_curve=STEEP, trees=dict(tiny_llama.trees))
+    presets = dict(lm.trees)
+    assert tree_names(lm)[:2] == ["auto", "every-head"] == list(CHOSEN_TREES)
+    every = named_tree(lm, "every-head")
+    assert every.max_depth == lm.num_heads
+    assert named_tree(lm, "every-head", 2).max_depth == 2
+    assert lm.trees == presets and lm.default_tree in presets  # nothing of this machine's written into the model
+    trace = generate(lm, "It is", DecodeSettings(tree="every-head", max_new_tokens=6))
+    assert trace.tree.name == every.name and max(trace.tree.depths) == lm.num_heads
+
+
 def test_the_curve_interpolates_between_measured_sizes():
     assert FLAT.cost(1) == 1.0 and FLAT.cost(64) == 1.2 and FLAT.cost(100) == 1.2
     assert FLAT.cost(24) == pytest.approx(1.05 + (1.1 - 1.05) / 2)

@@ -73,3 +73,39 @@ def test_bench_and_the_race_measure_with_the_same_function(tiny_llama, monkeypat
     counted = itertools.count()
     *_, done = race(tiny_llama, "It is", settings, ["medusa"], races=2)
     assert next(counted) == 2 * 2 and len(done.result.loads) == 2
+
+
+def test_a_visitors_run_looks_at_the_load_first_and_runs_on_the_cores_left_free(tiny_llama, monkeypatch):
+    """Every run a visitor waits for (the page's Run, /trace) goes through stream_on_free_cores:
+    beside a program holding one core of two it runs on one thread, records so, and the summary
+    says it; on a quiet machine it keeps the process's threads and says nothing."""
+    from app.views import run_summary
+    from decoding.trace import RunTrace
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # a 2-core machine, whatever this one has
+    set_to = []
+    monkeypatch.setattr(torch, "set_num_threads", set_to.append)
+    settings = DecodeSettings(max_new_tokens=6)
+    monkeypatch.setattr(measure, "look_at_load", lambda: MachineLoad(1.0, 2, 2, 0.1))
+    trace = measure.generate_on_free_cores(tiny_llama, "It is", settings)
+    assert set_to == [1, 2]  # one thread while it ran, then the process's two again
+    assert trace.load.threads == 1 and trace.threads_before == 2 and trace.load.busy
+    assert "other programs held 1.0 of 2 cores, so it ran on 1 thread instead of 2" in run_summary(trace)
+    again = RunTrace.from_json(trace.to_json())
+    assert again.load == trace.load and again.threads_before == 2
+
+    set_to.clear()
+    monkeypatch.setattr(measure, "look_at_load", lambda: MachineLoad(0.1, 2, 2, 0.1))
+    quiet = measure.generate_on_free_cores(tiny_llama, "It is", settings)
+    assert set_to == [2, 2] and quiet.load.threads == 2 and "other programs" not in run_summary(quiet)
+    assert quiet.tokens == trace.tokens
+
+
+def test_the_look_at_the_load_is_short_and_reads_the_kernel(monkeypatch):
+    monkeypatch.setattr(measure.time, "sleep", lambda s: None)
+    busy, own, wall = iter([10.0, 10.1]), iter([5.0, 5.0]), iter([100.0, 100.1])
+    monkeypatch.setattr(machine_load, "_busy_cpu_seconds", lambda: next(busy))
+    monkeypatch.setattr(machine_load, "_own_cpu_seconds", lambda: next(own))
+    monkeypatch.setattr(machine_load.time, "perf_counter", lambda: next(wall))
+    load = measure.look_at_load()
+    assert load.others == pytest.approx(1.0) and measure.LOOK_SECONDS <= 0.2

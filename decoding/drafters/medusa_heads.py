@@ -17,63 +17,58 @@ from ..passes import draft
 from ..settings import DecodeSettings, Setting
 from ..trace import DrafterInfo
 from ..tree import Tree
-from ..tree_choice import AUTO_TREE, choose_tree
+from ..tree_choice import AUTO_TREE, EVERY_HEAD_TREE, choose_tree
 from .base import Drafter, Proposal, root_only
 from .registry import register
 
 # More heads than any published checkpoint has; a model's own count is checked when it runs.
 MAX_HEADS = 16
+# The trees chosen on this machine (tree_choice.py), by name, beside the presets, each with what it is.
+CHOSEN_TREES = {AUTO_TREE: "the fastest tree here", EVERY_HEAD_TREE: "the fastest tree that uses every head"}
 
 
 def resolve_tree(lm: LoadedModel, settings: DecodeSettings) -> Tree:
-    """The tree to verify each round: a preset or shipped tree by name, or a custom choices list."""
+    """The tree to verify each round: one of the model's trees by name, or a custom choices list."""
     if lm.heads is None:
         raise DecodingError(MedusaHeadsDrafter.missing(lm))
     num_heads = settings.options.get("num_heads") or lm.num_heads
     if num_heads > lm.num_heads:
         raise DecodingError(f"{lm.name} has {lm.num_heads} heads; cannot use {num_heads}")
     spec = lm.default_tree if settings.tree == "default" else settings.tree
-    if spec == AUTO_TREE:
-        return auto_tree(lm, num_heads)
-    if isinstance(spec, str):
-        tree = Tree.pruned(named_tree(lm, spec), num_heads, spec)
-    else:
-        tree = Tree.from_choices(spec, num_heads)
+    tree = named_tree(lm, spec, num_heads) if isinstance(spec, str) else Tree.from_choices(spec, num_heads)
     vocab = lm.heads.guess_vocab_size
     if tree.top_k > vocab:
         raise DecodingError(f"the tree reads rank {tree.top_k - 1} but the vocabulary has {vocab} tokens")
     return tree
 
 
-def named_tree(lm: LoadedModel, name: str) -> list[list[int]]:
-    """The choices of one of the model's trees (a preset, or one shipped with its heads), by name."""
+def tree_names(lm: LoadedModel) -> list[str]:
+    """Every tree a run may name: the two chosen here, then the presets and the heads' own."""
+    return [*CHOSEN_TREES, *lm.trees]
+
+
+def named_tree(lm: LoadedModel, name: str, num_heads: int | None = None) -> Tree:
+    """One of the model's trees by name, cut to the first `num_heads` heads (default: all): a tree
+    chosen on this machine (CHOSEN_TREES), a preset, or one shipped with the heads."""
+    num_heads = num_heads or lm.num_heads
+    if name in CHOSEN_TREES:
+        return chosen_tree(lm, name, num_heads)
     if name not in lm.trees:
-        raise DecodingError(f"unknown tree {name!r}; known trees: {', '.join(lm.trees)}")
-    return lm.trees[name]
+        raise DecodingError(f"unknown tree {name!r}; known trees: {', '.join(tree_names(lm))}")
+    return Tree.pruned(lm.trees[name], num_heads, name)
 
 
-def auto_tree(lm: LoadedModel, num_heads: int) -> Tree:
-    """The tree that is fastest here by the heads' accuracies and this machine's cost curve.
+def chosen_tree(lm: LoadedModel, name: str, num_heads: int) -> Tree:
+    """The tree `name` (one of CHOSEN_TREES) stands for, by the heads' accuracies and this
+    machine's cost curve: the fastest tree, or the fastest that reaches every head in use.
 
     Heads saved without an accuracy table (published checkpoints) keep their default tree.
     """
     if lm.head_accuracy is None:
         return Tree.pruned(lm.trees[lm.default_tree], num_heads, lm.default_tree)
-    choice = choose_tree(lm.head_accuracy[:num_heads], model_cost_curve(lm))
+    reach = num_heads if name == EVERY_HEAD_TREE else 1
+    choice = choose_tree(lm.head_accuracy[:num_heads], model_cost_curve(lm), reach=reach)
     return Tree.from_choices(choice.choices, num_heads, name=choice.name)
-
-
-def adopt_auto_tree(lm: LoadedModel) -> str:
-    """Measure this machine's costs now (or read them back), and make the auto tree one of the
-    model's named trees and its default: for a page that lists trees by name. Returns the name.
-    The curve is measured whatever the heads: every later trace carries it, for the page to draw."""
-    model_cost_curve(lm)
-    if lm.heads is None or lm.head_accuracy is None:
-        return lm.default_tree
-    tree = auto_tree(lm, lm.num_heads)
-    lm.trees[tree.name] = [list(path) for path in tree.paths]
-    lm.default_tree = tree.name
-    return tree.name
 
 
 @register
