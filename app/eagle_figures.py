@@ -169,12 +169,12 @@ def round_tree_figure(tree: TreeTrace, rnd: RoundTrace, look: Look = LAPTOP) -> 
 def guessing_figure(accuracy: GuessingAccuracy, medusa: RunTrace | None, eagle: RunTrace | None,
                     look: Look = LAPTOP) -> go.Figure:
     """Per depth: how often Medusa's head and EAGLE's step guess right (held-out, measured when
-    they were trained), and how often the visitor's runs went one token deeper."""
+    they were trained), and how often their top-1 guesses were right in the visitor's runs."""
     eagle_name = "EAGLE step d (held-out)" if look.narrow else "EAGLE step d, given the steps before (held-out)"
     series = [("Medusa head d, top-1 (held-out)", accuracy.medusa, MEDUSA, ""),
               (eagle_name, accuracy.eagle, EAGLE, ""),
-              ("your Medusa run", eagle_views.depth_rates(medusa) if medusa else None, MEDUSA, "/"),
-              ("your EAGLE run", eagle_views.depth_rates(eagle) if eagle else None, EAGLE, "/")]
+              ("your Medusa run, top-1", eagle_views.top1_rates(medusa) if medusa else None, MEDUSA, "/"),
+              ("your EAGLE run, top-1", eagle_views.top1_rates(eagle) if eagle else None, EAGLE, "/")]
     series = [s for s in series if s[1]]
     if not series:
         return message_figure("No measured accuracy ships with<br>this model's drafters: press Run<br>"

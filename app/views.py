@@ -24,7 +24,7 @@ from .eagle_figures import guessing_figure, round_tree_figure
 from .eagle_views import NO_ACCURACY, GuessingAccuracy
 from .figure_style import LAPTOP, Look, message_figure
 from .models import describe
-from .text import count, measured_curve, walkthrough_run
+from .text import count, divided_as_printed, measured_curve, walkthrough_run
 from .tokens import legend_html, md_code, md_text, stream_html
 from .tree_figures import mask_figure
 from .tree_layout import leaf_count
@@ -51,10 +51,12 @@ def expectation(model: LoadedModel) -> str:
     choice = choose_tree(model.head_accuracy, curve)
     reason = charts.rough_curve_reason(curve)
     noisy = f"; the machine was busy then ({reason}), so this is rough" if reason else ""
-    return (f"  \n**What to expect here:** Medusa's heads guess about {choice.expected_tokens:.2f} tokens a pass "
-            f"(their held-out accuracy), and a round over its {choice.nodes + 1}-node tree costs "
-            f"{choice.pass_cost + choice.draft_cost:.2f} one-token steps on this machine (measured when the model "
-            f"loaded{noisy}): about **{choice.estimated_speedup:.2f}× at best**, before the noise of a real run.")
+    return (f"  \n**What to expect here**, with the fastest tree here ({md_text(choice.name)}): Medusa's heads "
+            f"guess about {choice.expected_tokens:.2f} tokens a pass (their held-out accuracy), and a round costs "
+            f"{choice.pass_cost + choice.draft_cost:.2f} one-token steps on this machine (a pass over its "
+            f"{choice.nodes + 1} nodes, {choice.pass_cost:.2f}, and the heads' drafting, {choice.draft_cost:.2f}; "
+            f"measured when the model loaded{noisy}): about **{choice.estimated_speedup:.2f}× at best**. A forecast: "
+            "the race measures what a real answer gets, and the Stats tab divides its figures.")
 
 
 # ----------------------------------------------------------------------------- the playground
@@ -281,14 +283,15 @@ def stats_text(run: RunTrace | None, race: RaceResult | None) -> str:
              "tokens per pass, "
              f"but a round (drafting, verifying {_tree_nodes(run)}, accepting) cost **{cost:.2f}×** "
              f"a plain decoding step (both measured), so the speedup is about {lane.tokens_per_pass:.2f} ÷ "
-             f"{cost:.2f} ≈ **{lane.tokens_per_pass / cost:.2f}×**, not {lane.tokens_per_pass:.2f}× "
+             f"{cost:.2f} ≈ **{divided_as_printed(lane.tokens_per_pass, cost)}×**, not {lane.tokens_per_pass:.2f}× "
              f"(measured: median **{spread.median:.2f}×**, range {spread.low:.2f}–{spread.high:.2f}×)."
              if cost else "")
     if verify:  # a plain run that stopped after its first token has no step to compare with
         text += (f" Of that round, the verify pass cost {verify:.2f}× and the rest {cost - verify:.2f}× "
                  f"(drafting alone {race.draft_cost(method):.2f}×, then accepting and bookkeeping): even with "
                  f"free drafting, the ceiling is {lane.tokens_per_pass:.2f} ÷ {verify:.2f} ≈ "
-                 f"**{lane.tokens_per_pass / verify:.2f}×**.")
+                 f"**{divided_as_printed(lane.tokens_per_pass, verify)}×** (Learn's speedup step divides the same "
+                 "totals; the model card's \"at best\" is a forecast made before any run).")
     return text
 
 

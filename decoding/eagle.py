@@ -102,7 +102,16 @@ def layer_config(base_config: PreTrainedConfig) -> PreTrainedConfig:
     if hasattr(config, "sliding_window"):
         config.sliding_window = None
     config._attn_implementation = "eager" if getattr(config, "attn_logit_softcapping", None) else "sdpa"
+    config.dtype = _torch_dtype(getattr(config, "dtype", None))
     return config
+
+
+def _torch_dtype(value: object) -> torch.dtype | None:
+    """A config's dtype as a torch.dtype, which layers that make tensors in it need (Apertus'
+    xIELU activation): `save_pretrained` leaves the name it wrote ("float32") in the config."""
+    if isinstance(value, str):
+        value = getattr(torch, value, None)
+    return value if isinstance(value, torch.dtype) else None
 
 
 class EagleHead(nn.Module):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -25,7 +25,7 @@ from .drafters.medusa_heads import MedusaHeadsDrafter
 from .errors import DecodingError
 from .fetch import WHEEL_MODELS, fetched_dir, is_fetched
 from .model import LoadedModel, stop_token_ids
-from .model_files import context_length, download, is_hub_id, load_causal_lm, load_tokenizer
+from .model_files import context_length, download, is_hub_id, load_causal_lm, load_tokenizer, local_or_hub
 from .one_kernel_linear import use_one_kernel
 from .packed_linear import pack_linear_layers
 from .precision import choose_cpu_dtype, fits_in_caches
@@ -284,14 +284,15 @@ def load_model(
     whether float32 or bfloat16 is faster here (`precision.py`); `attention` "auto" picks the
     exact gathered attention where half precision needs it (`resolve_attention`).
     """
-    for what, value in (("the model", name_or_path), ("heads", heads), *(sources or {}).items()):
+    sources = _known_sources(sources)
+    for what, value in (("the model", name_or_path), ("heads", heads), *sources.items()):
         if value is not None and not isinstance(value, str | Path):
             raise DecodingError(f"{what}: a name, a directory or a hub id, not {value!r}")
     wanted = list(DRAFTERS) if drafters is None else _known_drafters(drafters)
-    sources = dict(sources or {})
-    for name in sources:
-        drafter_class(name)
     files = _resolve(name_or_path, heads)
+    # The Medusa heads are read with the model (below); the other drafters' parts once it is loaded.
+    medusa = MedusaHeadsDrafter.name
+    heads_files = _heads_from(files, sources.get(medusa), heads) if medusa in wanted else files
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     model = load_causal_lm(files.model, torch_device, torch_dtype)
@@ -299,7 +300,7 @@ def load_model(
     tokenizer = load_tokenizer(files.model)
 
     def assemble(model: PreTrainedModel, dtype: torch.dtype, reason: str = "") -> tuple[LoadedModel, dict]:
-        return _assemble(files, model, tokenizer, torch_device, dtype, attention, MedusaHeadsDrafter.name in wanted,
+        return _assemble(heads_files, model, tokenizer, torch_device, dtype, attention, medusa in wanted,
                          pack_linear, reason)
 
     if torch_dtype is not None:
@@ -318,13 +319,37 @@ def load_model(
         loaded.dtype_reason = reason
     if self_test:
         check_tree_attention(loaded)
-    model_files = ModelFiles(files.heads, meta, files.registered, pack_linear)
+    # The other drafters' parts ship beside the model's own heads, or where those heads' config
+    # says (relative to them); the config of heads from `sources` says nothing of the model's.
+    model_files = ModelFiles(files.heads, meta if heads_files is files else {}, files.registered, pack_linear)
     for name in wanted:
         cls = DRAFTERS[name]
         source = sources.get(name) or cls.shipped(model_files)
         if source is not None:
             cls.load(loaded, source, model_files)
     return loaded
+
+
+def _known_sources(sources: object) -> dict[str, str | Path | None]:
+    """`sources` checked: a mapping whose every key names a drafter, or a DecodingError in one line."""
+    if sources is None:
+        return {}
+    if not isinstance(sources, Mapping):
+        raise DecodingError(f"sources must map drafter names to a directory or hub id, such as "
+                            f"{{'eagle': 'path/to/eagle'}}, not {sources!r}")
+    for name in sources:
+        drafter_class(name)
+    return dict(sources)
+
+
+def _heads_from(files: _Sources, source: str | Path | None, heads: str | Path | None) -> _Sources:
+    """`files` with the Medusa heads read from `sources["medusa"]` where one is given, in place of
+    the shipped ones: a directory without heads is then refused (`find_heads`), never passed over."""
+    if not source:
+        return files
+    if heads is not None:
+        raise DecodingError("the Medusa heads are given twice: pass heads= or sources['medusa'], not both")
+    return replace(files, heads=local_or_hub(source, "Medusa heads"))
 
 
 def _known_drafters(names: Collection[str]) -> list[str]:

@@ -11,8 +11,6 @@ import os
 import time
 from dataclasses import dataclass
 
-import torch
-
 # Other programs keeping at least this many cores busy on average make a machine "busy": half a
 # core taken steals a quarter of a 2-core machine, enough to move a speedup by more than bench's
 # run-to-run noise.
@@ -70,4 +68,6 @@ class LoadMeter:
             # Our own threads' time is taken out; what remains is everybody else's. Never negative:
             # the two counters tick at slightly different moments.
             others = max(0.0, ((busy - busy0) - (own - own0)) / seconds)
+        import torch  # here, not above: a trace names MachineLoad, and `--help` must not load torch
+
         return MachineLoad(others, os.cpu_count() or 1, torch.get_num_threads(), seconds)

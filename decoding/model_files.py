@@ -36,6 +36,8 @@ def is_hub_id(name: str) -> bool:
 def local_or_hub(source: str | Path, what: str) -> Path:
     """`source` as a directory: itself, or a hub repository fetched into the local cache.
     `what` names it in the error ("draft model", "EAGLE head")."""
+    if not isinstance(source, str | Path):
+        raise DecodingError(f"{what}: a directory or a hub id (owner/name), not {source!r}")
     path = Path(source)
     if path.is_dir():
         return path

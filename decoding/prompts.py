@@ -8,6 +8,7 @@ examples the app offers for embedded model `<model>`.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from .assets import EMBEDDED_MODELS_DIR, HEADS_CONFIG, PROMPTS_DIR, read_heads_config
@@ -33,6 +34,9 @@ def read_prompts(path: Path | str) -> list[str]:
             raise DecodingError(f"{path} is not valid JSON: {e.msg} at line {e.lineno}") from e
         except RecursionError:
             raise DecodingError(f"{path} is nested too deeply: it must hold a JSON list of strings") from None
+        except ValueError:  # what is left: a number too long for Python to turn into an int
+            raise DecodingError(f"{path} holds a number of more than {sys.get_int_max_str_digits()} digits: "
+                                "it must hold a JSON list of strings") from None
         if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
             raise DecodingError(f"{path} must hold a JSON list of strings")
         prompts = [p for p in prompts if p.strip()]

@@ -31,7 +31,7 @@ from .baseline import OWN, cached_plain_rivals, describe, fastest_plain, rival_r
 from .drafters import check_settings
 from .errors import DecodingError
 from .machine_load import LoadMeter, MachineLoad
-from .measure import combined, heat_steps, threads_for_load, timed_run
+from .measure import combined, heat_steps, look_at_load, threads_for_load, timed_run
 from .model import LoadedModel
 from .settings import PLAIN, WARM_UP_TOKENS, DecodeSettings
 from .stats import Spread, Timing, draft_cost, speedup, spread
@@ -213,11 +213,15 @@ def race(model: LoadedModel, prompt: str, settings: DecodeSettings, drafters: li
     yield RaceFrame("warm-up", races, lanes)
     rivals = {rival_run(name): rival for name, rival in cached_plain_rivals(model).items()}
     plan = methods | dict.fromkeys(rivals, methods[PLAIN])
-    meter = LoadMeter()
+    # The threads come from a look at the load before the warm-up, so that the warm-up runs as the
+    # races will and its rates make an estimate of the time left that holds; fewer still if the
+    # machine got busier while it warmed up.
+    threads, meter = threads_for_load(look_at_load()), LoadMeter()
     warm_tokens = min(WARM_UP_TOKENS, settings.max_new_tokens)
-    warm = {run: timed_run(rivals.get(run, model), prompt, dataclasses.replace(step, max_new_tokens=warm_tokens))
+    warm = {run: timed_run(rivals.get(run, model), prompt, dataclasses.replace(step, max_new_tokens=warm_tokens),
+                           threads)
             for run, step in plan.items()}
-    threads = threads_for_load(meter.stop())
+    threads = min(threads, threads_for_load(meter.stop()))
     expected = {run: expected_seconds(trace, settings.max_new_tokens) for run, trace in warm.items()}
 
     words = {OWN: describe(model)} | {run: describe(rival) for run, rival in rivals.items()}

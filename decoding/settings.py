@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .errors import DecodingError
@@ -114,6 +115,8 @@ class DecodeSettings:
     options: dict[str, int | float | None] = field(default_factory=dict)
 
     def __init__(self, options: dict[str, int | float | None] | None = None, **values: object) -> None:
+        if options is not None and not isinstance(options, Mapping):
+            raise DecodingError(f"options must be a dict of a drafter's settings by name, not {options!r}")
         for f in dataclasses.fields(self):
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             setattr(self, f.name, values.pop(f.name, default))

@@ -90,6 +90,8 @@ def read_choices(text: str) -> list[list[int]]:
     except RecursionError:
         raise DecodingError("the tree JSON is nested too deeply: a tree is a list of paths, each a list of ranks, "
                             "e.g. [[0], [0, 0], [1]]") from None
+    except ValueError:  # what is left: a number too long for Python to turn into an int
+        raise DecodingError("the tree JSON holds a number far too long to be a rank") from None
 
 
 def _check_choices(choices: object, num_heads: int) -> list[tuple[int, ...]]:

@@ -175,6 +175,7 @@ def test_the_after_medusa_step_sets_the_measured_accuracies_side_by_side_on_the_
     assert values["after_medusa_table"] in text and values["after_medusa_run"] in text
     assert [row[:3] for row in _table_rows(values["after_medusa_table"])] == [
         ["1", "41%", "57%"], ["2", "23%", "44%"], ["3", "12%", "36%"], ["4", "—", "31%"]]
+    assert values["after_medusa_note"] == eagle_views.TABLE_NOTE and "top-1" in values["after_medusa_note"]
     deepest = max(len(rnd.accepted_nodes) - 1 for rnd in eagle.rounds)
     assert deepest == 2 and carries(values["after_medusa_run"], round(eagle.mean_accepted, 2), deepest,
                                     round(medusa.mean_accepted, 2), round(race.timing("eagle").tokens_per_pass, 2))
@@ -185,7 +186,7 @@ def test_the_after_medusa_step_sets_the_measured_accuracies_side_by_side_on_the_
     bars = {bar.name: list(bar.y) for bar in figures["guessing"].data}
     assert bars["Medusa head d, top-1 (held-out)"] == ACCURACY.medusa
     assert bars["EAGLE step d, given the steps before (held-out)"] == ACCURACY.eagle
-    assert bars["your EAGLE run"] == [rate for _, _, rate in charts.acceptance_by_depth(eagle)]
+    assert bars["your EAGLE run, top-1"] == eagle_views.top1_rates(eagle)
     phone = views.learn_figures(eagle, race, Look(width=390), ACCURACY)["guessing"]
     assert phone.layout.title.text == "Right how often, d ahead?" and len(phone.data) == 4
 
@@ -204,7 +205,7 @@ def test_before_an_eagle_run_the_step_invites_one_and_says_when_there_are_no_num
     medusa = make_run(SMALL_CHOICES, [6, 0])
     values = after_medusa_values(medusa, None)
     assert values["after_medusa_run"] == eagle_views.INVITATION
-    assert _cells(values["after_medusa_table"].splitlines()[0]) == ["*d*", "your Medusa run"]  # its own column
+    assert _cells(values["after_medusa_table"].splitlines()[0]) == ["*d*", "your Medusa run, top-1"]  # its own column
     assert after_medusa_values(None, None)["after_medusa_table"] == eagle_views.NO_TABLE
     no_eagle = GuessingAccuracy(offers_eagle=False)
     assert after_medusa_values(medusa, None, no_eagle)["after_medusa_run"] == eagle_views.NO_EAGLE
@@ -246,3 +247,14 @@ def test_a_real_eagle_run_and_race_on_the_tiny_model_draw_every_round(tiny_llama
     assert told in render_steps(load_steps(), run, result, accuracy)[-2]
     assert carries(told, round(run.mean_accepted, 2), round(result.timing("eagle").tokens_per_pass, 2),
                    round(result.spread("eagle").median, 2))
+
+
+def test_the_runs_top1_rate_counts_the_first_guess_only_where_the_text_that_far_is_known():
+    """Like with like beside held-out top-1: a round whose path went through head 1's second guess
+    counts head 1 wrong; a depth the round never reached is not counted."""
+    run = make_run(SMALL_CHOICES, [6, 0, 5])  # [0,0,0] accepted; nothing; [1,0] accepted
+    rates = eagle_views.top1_rates(run)
+    # depth 1: right (round 1), wrong (round 2: the bonus differed), wrong (round 3: rank 1 was
+    # right) -> 1/3. Depth 2, asked in rounds 1 and 3 only: right both times; depth 3: round 1 only.
+    assert rates == [pytest.approx(1 / 3), 1.0, 1.0]
+    assert eagle_views.top1_rates(None) == []

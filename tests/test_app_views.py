@@ -164,9 +164,12 @@ def test_stats_page_names_the_round_cost_verify_cost_and_the_ceiling(run):
     assert (cost, verify, drafting) == pytest.approx((5.5 / 4, 1.0, 0.25), abs=0.006)
     text = views.stats_text(run, race)
     spread, per_pass = race.spread("medusa"), lane.tokens_per_pass
+    def printed(a, b):  # a ÷ b of the two figures as printed, so a reader who divides them gets it
+        return round(a, 2) / round(b, 2)
+
     told = [run.mean_accepted, len(run.rounds), spread.count, per_pass, run.tree.size,  # what was run
-            cost, per_pass, cost, per_pass / cost, per_pass, spread.median, spread.low, spread.high,  # a round's cost
-            verify, cost - verify, drafting, per_pass, verify, per_pass / verify]  # and the ceiling
+            cost, per_pass, cost, printed(per_pass, cost), per_pass, spread.median, spread.low,  # a round's cost
+            spread.high, verify, cost - verify, drafting, per_pass, verify, printed(per_pass, verify)]  # the ceiling
     assert Counter(numbers_in(text)) == Counter(round(figure, 2) for figure in told)
     # Without a race, the run's own figures alone: nothing was timed against plain decoding.
     assert numbers_in(views.stats_text(run, None)) == [round(run.mean_accepted, 2), len(run.rounds)]
@@ -423,3 +426,15 @@ def test_near_run_the_page_says_what_this_machine_can_show_from_what_it_measured
     assert Counter(numbers_in(crowded)) - Counter(numbers_in(said)) == Counter([1.2])  # the others' cores
     assert views.expectation(SimpleNamespace(head_accuracy=None, cost_curve=curve)) == ""
     assert views.expectation(SimpleNamespace(head_accuracy=accuracy, cost_curve=None)) == ""
+
+
+def test_stats_and_learn_give_one_ceiling_and_one_round_cost_for_the_races_shown(run):
+    """Three races of different plain speeds: Learn once divided its median race's figures and
+    Stats the totals, and the two ceilings differed (1.30x against 1.26x). Both divide the totals now."""
+    from app.text import race_values
+
+    race = _race(run, 0.003, 0.004, 0.006)
+    learn, stats = race_values(race), views.stats_text(run, race)
+    assert f"≈ **{learn['ceiling_speedup']}×** (Learn's" in stats
+    assert f"{learn['race_tokens_per_pass']} ÷ {learn['round_cost']} ≈ **{learn['predicted_speedup']}×**" in stats
+    assert f"median **{learn['speedup']}×**" in stats

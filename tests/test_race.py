@@ -188,3 +188,23 @@ def test_the_time_left_follows_what_the_race_measured():
     # Two lanes of 4 s and 2 s, one race of three done: two of each left, then the replay.
     assert seconds_left({"ar": 4.0, "medusa": 2.0}, {"ar": 1, "medusa": 1}, 3) == pytest.approx(
         2 * 4 + 2 * 2 + min(4.0, REPLAY_SECONDS))
+
+
+def test_the_warm_up_runs_on_the_threads_the_races_will_use(tiny_llama, monkeypatch):
+    """Beside a program holding a core, the warm-up too runs on the free core: an estimate of the
+    time left from a warm-up whose two threads took turns on one core was 8x too long."""
+    import torch
+
+    from decoding import race as race_module
+    from decoding.machine_load import MachineLoad
+
+    monkeypatch.setattr(race_module, "look_at_load", lambda: MachineLoad(1.0, 2, 2, 0.1))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    asked = []
+    real_timed = race_module.timed_run
+    monkeypatch.setattr(race_module, "timed_run", lambda lm, p, s, threads=None: asked.append(threads)
+                        or real_timed(lm, p, s, threads))
+    frames = list(race(tiny_llama, "It is", DecodeSettings(max_new_tokens=6), ["medusa"], races=1))
+    assert asked and set(asked) == {1}
+    assert frames[-1].result.threads == 1

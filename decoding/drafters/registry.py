@@ -6,6 +6,7 @@ registers its class with `register`; an unknown name is refused with one line (`
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from ..errors import DecodingError
 from ..model import LoadedModel
@@ -17,10 +18,14 @@ DRAFTERS: dict[str, type[Drafter]] = {}
 
 def register(cls: type[Drafter]) -> type[Drafter]:
     """Make `cls` a drafter every part of the project offers (a class decorator)."""
+    if not isinstance(cls, type) or not issubclass(cls, Drafter):
+        raise DecodingError(f"register takes a Drafter subclass (a class decorator), not {cls!r}")
+    if not isinstance(getattr(cls, "name", None), str) or not cls.name:
+        raise DecodingError(f"drafter {cls.__name__} needs a name: the method's name, e.g. name = 'my-drafter'")
     taken = {setting.name for other in DRAFTERS.values() if other is not cls for setting in other.settings}
     clash = taken & {setting.name for setting in cls.settings}
     if cls.name == PLAIN or clash:
-        raise ValueError(f"drafter {cls.name!r} takes a name already in use: {cls.name if not clash else clash}")
+        raise DecodingError(f"drafter {cls.name!r} takes a name already in use: {cls.name if not clash else clash}")
     DRAFTERS[cls.name] = cls
     OPTION_NAMES.update(setting.name for setting in cls.settings)
     return cls
@@ -50,14 +55,24 @@ def drafter_setting(name: str) -> Setting | None:
     return next((s for cls in DRAFTERS.values() for s in cls.settings if s.name == name), None)
 
 
+def _check_model(lm: object) -> None:
+    """A model not loaded yet (None) or only named is refused in one line. Anything else is taken
+    for a model: stand-ins with a LoadedModel's fields are asked too (the page's tests)."""
+    if lm is None or isinstance(lm, str | Path):
+        raise DecodingError(f"a drafter runs on a loaded model (what load_model returns), not {lm!r}")
+
+
 def available_drafters(lm: LoadedModel) -> list[str]:
     """The drafters `lm` can run: those that need heads, a draft model... only where it has them."""
+    _check_model(lm)
     return [name for name, cls in DRAFTERS.items() if cls.available(lm)]
 
 
 def check_settings(settings: DecodeSettings) -> DecodeSettings:
     """The one validation of a run's settings: a copy with every value checked (DecodingError
     in one line otherwise), and its drafter's unset options filled with their defaults."""
+    if not isinstance(settings, DecodeSettings):
+        raise DecodingError(f"settings must be a DecodeSettings, not {settings!r}")
     checked = dataclasses.replace(settings, options=dict(settings.options))
     if checked.method != PLAIN:
         drafter_class(checked.method)
@@ -66,7 +81,8 @@ def check_settings(settings: DecodeSettings) -> DecodeSettings:
         setting = drafter_setting(name)
         if setting is None:
             raise DecodingError(f"no drafter has a setting {name!r}")
-        checked.options[name] = setting.check(value)
+        # None is an option left unset, as DecodeSettings says: its drafter's default (below).
+        checked.options[name] = None if value is None else setting.check(value)
     if checked.method != PLAIN:
         for setting in DRAFTERS[checked.method].settings:
             if checked.options.get(setting.name) is None:
@@ -76,6 +92,7 @@ def check_settings(settings: DecodeSettings) -> DecodeSettings:
 
 def make_drafter(lm: LoadedModel, settings: DecodeSettings) -> Drafter:
     """The drafter a run's method names, set up for `lm`."""
+    _check_model(lm)
     cls = drafter_class(settings.method)
     if not cls.available(lm):
         raise DecodingError(cls.missing(lm))
