@@ -20,7 +20,7 @@ from decoding.stats import verify_cost
 from decoding.trace import RoundTrace, RunTrace
 
 from .lanes import EAGLE
-from .tokens import md_text
+from .tokens import count, md_text
 
 # ----------------------------------------------------------------------------- one round
 
@@ -55,7 +55,8 @@ def confidence_lines(rnd: RoundTrace, candidate: int) -> list[str]:
     drafted = rnd.drafted
     expanded = ("expanded: among the most confident of its depth, so the draft guessed its children"
                 if drafted.expanded[candidate] else "not expanded: the draft guessed no children after it")
-    return [f"EAGLE's step-{drafted.depths[candidate]} guess, {drafted.depths[candidate]} token(s) after the root",
+    depth = drafted.depths[candidate]
+    return [f"EAGLE's step-{depth} guess, {count(depth, 'token')} after the root",
             f"draft's probability of it: {step_prob(rnd, candidate):.2f} · "
             f"confidence (product along its path): {drafted.confidences[candidate]:.3f}",
             expanded]

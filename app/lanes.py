@@ -40,6 +40,11 @@ def colour(method: str) -> str:
     return AR if method == PLAIN else _drafter(method).colour
 
 
+def idle_hint(method: str) -> str:
+    """What to try where the drafter proposed nothing most rounds ("" for plain decoding)."""
+    return "" if method == PLAIN else _drafter(method).idle_hint
+
+
 def guess_name(method: str, depth: int, short: bool = False) -> str:
     """Who guessed the token `depth` places after the root: "head 2", "step 2" (EAGLE), "draft 2",
     "copy 2" ("h2", "s2", "d2", "c2" where space is short)."""

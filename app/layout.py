@@ -127,7 +127,9 @@ def build_demo() -> gr.Blocks:
                                        elem_id="model-dropdown")
                 with gr.Row(elem_id="run-row"):
                     max_new = gr.Slider(1, PAGE_LIMITS.max_new_tokens, value=DEFAULTS.max_new_tokens, step=1,
-                                        precision=0, label="Max new tokens", min_width=150, elem_id="max-new-tokens")
+                                        precision=0, label="Max new tokens", min_width=150, elem_id="max-new-tokens",
+                                        info=f"1 to {PAGE_LIMITS.max_new_tokens} on this page: a number beyond is "
+                                             "set to the nearest")
                     with gr.Column(min_width=120, scale=0, elem_id="run-buttons"):
                         run_btn = gr.Button("Run", variant="primary", elem_id="run-button", size="md")
                         race_btn = gr.Button("Race vs plain", elem_id="race-button", size="md")

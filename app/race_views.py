@@ -17,8 +17,7 @@ from decoding.trace import RunTrace
 
 from . import charts, eagle_views, lanes
 from .figure_style import LAPTOP, Look, message_figure
-from .text import count
-from .tokens import md_text, stream_html
+from .tokens import count, md_text, stream_html
 
 RACE_IDLE = "Press **Race vs plain** to measure plain decoding and every ticked drafter on this prompt."
 

@@ -37,7 +37,7 @@ def setting_slider(setting: Setting, model: LoadedModel, visible: bool) -> gr.Sl
     high = model.num_heads if setting.name == "num_heads" else setting.page_high or setting.high
     low, value = (PAGE_UNSET, PAGE_UNSET) if setting.unset else (setting.low, setting.default)
     info = f"{PAGE_UNSET}: {setting.unset}" if setting.unset else None
-    return gr.Slider(low, high, value=value, step=1, precision=0, label=setting.label or setting.name,
+    return gr.Slider(low, high, value=value, step=1, precision=0, label=setting.title,
                      info=info, visible=visible, elem_id=setting.name.replace("_", "-"))
 
 
@@ -95,7 +95,8 @@ def acceptance_settings() -> dict[str, Component]:
     typical acceptance (hidden until their rule is chosen; see `acceptance_controls`)."""
     return dict(
         acceptance=gr.Radio([("greedy (output unchanged)", "greedy"), ("typical acceptance", "typical"),
-                             ("lossless sampling", "sample")], value=DEFAULTS.acceptance, label="Acceptance"),
+                             ("lossless sampling", "sample")], value=DEFAULTS.acceptance, label="Acceptance",
+                             elem_id="acceptance"),
         temperature=gr.Slider(0.05, 2.0, value=DEFAULTS.temperature, step=0.05, label="Temperature", visible=False),
         epsilon=gr.Slider(0.0, 0.5, value=DEFAULTS.epsilon, step=0.01, label="ε (hard threshold)", visible=False),
         delta=gr.Slider(0.0, 1.0, value=DEFAULTS.delta, step=0.05, label="δ (entropy-scaled threshold)",

@@ -25,7 +25,7 @@ from .charts import acceptance_by_depth, rough_curve_reason
 from .drafter_costs import drafter_comparison
 from .eagle_views import NO_ACCURACY, GuessingAccuracy, after_medusa_values
 from .models import heads_recipe
-from .tokens import md_code, md_text
+from .tokens import count, md_code, md_text
 from .tree_layout import leaf_count
 
 EXPLAINER_DIR = ASSETS_DIR / "explainer"
@@ -72,12 +72,6 @@ def load_text(name: str) -> str:
 def fill(template: str, values: dict[str, str]) -> str:
     """Replace every {{name}}; names the run cannot fill yet show as a dash."""
     return PLACEHOLDER.sub(lambda m: values.get(m.group(1), MISSING), template)
-
-
-def count(number: int, noun: str, plural: str | None = None) -> str:
-    """"1 token", "3 tokens": a number with its noun, in the plural where it needs one
-    (`plural`: where adding an s does not make it)."""
-    return f"{number} {noun if number == 1 else plural or noun + 's'}"
 
 
 def _ms(seconds: float) -> str:

@@ -15,6 +15,12 @@ from .palette import BASE, HEADS, head_colour
 _VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
 
 
+
+def count(number: int, noun: str, plural: str | None = None) -> str:
+    """"1 token", "3 tokens": a number with its noun, in the plural where it needs one
+    (`plural`: where adding an s does not make it)."""
+    return f"{number} {noun if number == 1 else plural or noun + 's'}"
+
 def visible(text: str) -> str:
     """The token with its whitespace drawn, e.g. ' the' -> '␣the', '\\n' -> '↵'."""
     return "".join(_VISIBLE.get(ch, ch) for ch in text) if text else "∅"
@@ -84,7 +90,7 @@ def _pass_span(rnd: RoundTrace, current: int | None, method: str, ends: bool = F
     spans = "".join(_token_span(text, depth + 1 if from_head else 0, method, end=ends and depth == last)
                     for depth, (text, from_head) in enumerate(zip(rnd.emitted_texts, rnd.emitted_from_drafter,
                                                                   strict=True)))
-    title = f"round {rnd.index + 1}: {rnd.accepted_length} token(s), {guessed} from {who_guessed(method)}"
+    title = f"round {rnd.index + 1}: {count(rnd.accepted_length, 'token')}, {guessed} from {who_guessed(method)}"
     mark = " current" if rnd.index == current else ""
     return f'<span class="pass{mark}" data-round="{rnd.index + 1}" title="{title}">{spans}</span>'
 

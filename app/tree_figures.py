@@ -22,7 +22,7 @@ from . import eagle_views
 from .figure_style import LAPTOP, MASK_SHARE, SIDEBAR_CLOSED_BELOW, SIDEBAR_PX, Look, base_layout, message_figure
 from .lanes import DRAFT_MODEL, EAGLE, PROMPT_LOOKUP, guess_name
 from .palette import ACCEPTED, ALLOWED, BASE, BLOCKED, INK, head_colour
-from .tokens import figure_text
+from .tokens import count, figure_text
 from .tree_layout import leaf_count, tidy_layout
 
 ROW_PX = 24  # vertical room per tree row (one leaf) when there is room for it
@@ -95,7 +95,7 @@ def _proposer(tree: TreeTrace, rnd: RoundTrace, node: int, p_guess: float | None
     depth, drafter = tree.depths[node], drafter_of(rnd)
     if drafter == DRAFT_MODEL:
         rank = f" (its choice {tree.ranks[node] + 1} there)" if tree.ranks[node] else ""
-        return [f"the draft model's guess, {depth} token(s) after the root{rank}",
+        return [f"the draft model's guess, {count(depth, 'token')} after the root{rank}",
                 f"draft model's probability: {p_guess:.2f}" if p_guess is not None else ""]
     if drafter == EAGLE:
         return eagle_views.proposer_lines(rnd, node)

@@ -24,8 +24,8 @@ from .eagle_figures import guessing_figure, round_tree_figure
 from .eagle_views import NO_ACCURACY, GuessingAccuracy
 from .figure_style import LAPTOP, Look, message_figure
 from .models import describe
-from .text import count, divided_as_printed, measured_curve, walkthrough_run
-from .tokens import legend_html, md_code, md_text, stream_html
+from .text import divided_as_printed, measured_curve, walkthrough_run
+from .tokens import count, legend_html, md_code, md_text, stream_html
 from .tree_figures import mask_figure
 from .tree_layout import leaf_count
 
@@ -117,7 +117,18 @@ def run_summary(trace: RunTrace, first_round_after: float | None = None) -> str:
     return (f"{lanes.title(trace.settings.method)} · **{count(facts.tokens, 'token')} in "
             f"{count(facts.passes, 'pass', 'passes')} of the model**{own}: {facts.from_prefill} from the prefill + "
             f"{facts.from_rounds} from {count(facts.rounds, 'round')}, **{facts.tokens_per_round:.2f} tokens per "
-            f"round** · {timing}{load_clause(trace)} · {state}{latency}")
+            f"round** · {timing}{load_clause(trace)} · {state}{latency}{idle_clause(trace, facts.finished)}")
+
+
+def idle_clause(trace: RunTrace, finished: bool) -> str:
+    """After a run in which the drafter proposed nothing in most rounds: how often, and what to try
+    (its declared `idle_hint`); empty otherwise."""
+    hint = lanes.idle_hint(trace.settings.method)
+    idle = sum(1 for rnd in trace.rounds if rnd.tree_size <= 1)
+    if not finished or not hint or not trace.detailed or idle * 2 <= len(trace.rounds):
+        return ""
+    return (f"  \nⓘ {lanes.title(trace.settings.method)} had nothing to propose in {idle} of "
+            f"{count(len(trace.rounds), 'round')}: {hint}.")
 
 
 def rate(tokens_per_second: float) -> str:
@@ -158,7 +169,7 @@ def drafting_text(trace: RunTrace, rnd: RoundTrace) -> str:
     if rnd.copied_from is None:
         return "no earlier words matched the last ones: nothing to copy · "
     where = "the prompt" if rnd.copied_from < len(trace.prompt_tokens) else "the answer so far"
-    return f"copied {guesses} token(s) from position {rnd.copied_from} (in {where}) · "
+    return f"copied {count(guesses, 'token')} from position {rnd.copied_from} (in {where}) · "
 
 
 @dataclass(frozen=True)
@@ -216,7 +227,7 @@ def round_info(trace: RunTrace, index: int) -> str:
     else:
         tried, cut, chosen = "one pass · ", "", ""
     return (f"**Round {facts.number} of {facts.rounds}** ({lanes.title(method)}) · {tried}added "
-            f"**{facts.added} token(s)**{cut}: {facts.guessed} from {lanes.who_guessed(method)} + "
+            f"**{count(facts.added, 'token')}**{cut}: {facts.guessed} from {lanes.who_guessed(method)} + "
             f"{facts.from_base} from the base model: {tokens}{chosen}  \n"
             f"Measured: draft {facts.draft_ms:.1f} ms · verify {facts.verify_ms:.1f} ms · "
             f"accept {facts.accept_ms:.1f} ms · done {facts.done_at:.3f} s into the run")

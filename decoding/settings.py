@@ -52,6 +52,11 @@ class Setting:
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
 
+    @property
+    def title(self) -> str:
+        """What a page calls it: its label, else its help with a capital (never the raw name)."""
+        return self.label or self.help[:1].upper() + self.help[1:]
+
     def check(self, value: object) -> int | float | None:
         """`value` as a plain number within the limits, or None where unset is allowed; else a
         DecodingError in one line that says what is allowed."""

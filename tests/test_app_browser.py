@@ -490,3 +490,63 @@ def test_a_page_stops_asking_what_the_model_does_while_its_own_race_runs(page):
         assert [round(t - pressed, 1) for t in asks if own_race[0] < t < own_race[1]] == []
     page.wait_for_timeout(3_000 * WAITING_EVERY)
     assert any(t > done for t in asks), "the page did not ask again after its race"
+
+
+# ----- issue 41: every control once, every model and back, and no error reaches the visitor -----
+
+def _open_sidebar(page) -> None:
+    if not page.locator(".sidebar.open").count():
+        page.click(".sidebar .toggle-button")
+        page.wait_for_timeout(400)
+
+
+def _menu_options(page, elem_id: str) -> list[str]:
+    """The labels a dropdown offers (opened, read, closed again)."""
+    page.click(f"#{elem_id} input")
+    labels = page.get_by_role("option").all_inner_texts()
+    page.keyboard.press("Escape")
+    return [label.strip() for label in labels]
+
+
+def _pick(page, elem_id: str, label: str) -> None:
+    page.click(f"#{elem_id} input")
+    page.get_by_role("option", name=label, exact=True).first.click()
+    page.wait_for_timeout(600)
+
+
+def _no_error_shown(page, errors: list[str]) -> None:
+    assert page.locator(".toast-body.error").count() == 0, page.locator(".toast-body").all_inner_texts()
+    assert "Error" not in page.locator("#tree-status").inner_text()
+    assert not errors, errors
+
+
+def test_every_control_once_and_every_model_and_back_raise_no_error(page):
+    """Switching model once showed 'Value: auto: optimal-2 is not in the list of choices' and left
+    an Error badge on the tree's status: the page had written its auto tree into the shared model."""
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    _open_sidebar(page)
+    for option in page.locator("#drafter input[type=radio]").all():
+        option.check()
+        page.wait_for_timeout(500)
+    page.locator("#drafter input[type=radio]").first.check()
+    for preset in _menu_options(page, "tree-preset"):
+        _pick(page, "tree-preset", preset)
+        page.wait_for_function("document.querySelector('#tree-status')?.innerText.startsWith('✓')", timeout=15_000)
+    for option in page.locator("#acceptance input[type=radio], #race-tree input[type=radio]").all():
+        option.check()
+        page.wait_for_timeout(300)
+    _no_error_shown(page, errors)
+    models = _menu_options(page, "model-dropdown")
+    for label in [*models[1:], models[0]]:
+        card = page.locator("#model-card").inner_text()
+        _pick(page, "model-dropdown", label)
+        page.wait_for_function("(before) => document.querySelector('#model-card')?.innerText !== before",
+                               arg=card, timeout=180_000)
+        page.wait_for_timeout(800)
+        _no_error_shown(page, errors)
+        if page.locator("#tree-preset").is_visible():
+            assert page.locator("#tree-status").inner_text().startswith("✓")
+            assert page.locator("#tree-preset input").input_value() in _menu_options(page, "tree-preset")
+    run_prompt(page)
+    _no_error_shown(page, errors)

@@ -71,7 +71,7 @@ def test_chain_rounds_draw_one_row_headed_by_the_drafter_with_who_proposed_each_
     full = tree_figure(draft.tree, draft.rounds[0])  # every guess accepted: the star follows on the row
     assert [t for t in full.data if (t.name or "").startswith("next token")][0].y == (0.0,)
     hovers = _node_hovers(figure)
-    assert any("the draft model's guess, 2 token(s) after the root" in h and "probability: 0.50" in h
+    assert any("the draft model's guess, 2 tokens after the root" in h and "probability: 0.50" in h
                for h in hovers)
     lookup_hovers = _node_hovers(tree_figure(lookup.tree, lookup.rounds[0]))
     assert any("copied from position 3 of the text" in h for h in lookup_hovers)  # depth 2, copied from 2

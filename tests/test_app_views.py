@@ -438,3 +438,23 @@ def test_stats_and_learn_give_one_ceiling_and_one_round_cost_for_the_races_shown
     assert f"≈ **{learn['ceiling_speedup']}×** (Learn's" in stats
     assert f"{learn['race_tokens_per_pass']} ÷ {learn['round_cost']} ≈ **{learn['predicted_speedup']}×**" in stats
     assert f"median **{learn['speedup']}×**" in stats
+
+
+def test_a_drafter_that_proposed_nothing_most_rounds_says_what_to_try():
+    from app_helpers import make_chain_run
+
+    idle = make_chain_run("prompt-lookup", accepted=[None, None, None, 1])
+    for rnd in idle.rounds[:3]:  # rounds with nothing copied verify the root alone
+        rnd.node_tokens = rnd.node_tokens[:1]
+    summary = views.run_summary(idle)
+    assert "had nothing to propose in 3 of 4 rounds" in summary and "repeat" in summary
+    busy = make_chain_run("prompt-lookup", accepted=[2, 1, 0, 1])
+    assert "nothing to propose" not in views.run_summary(busy)
+
+
+def test_the_sidebar_names_each_setting_in_words_never_by_its_raw_name():
+    from decoding.drafters import DRAFTERS
+
+    for cls in DRAFTERS.values():
+        for setting in cls.settings:
+            assert setting.title and "_" not in setting.title and setting.title[0].isupper()

@@ -98,6 +98,8 @@ class Drafter(ABC):
     colour: ClassVar[str] = "#6B7280"  # its lane's colour on every figure
     settings: ClassVar[tuple[Setting, ...]] = ()  # the settings it owns, with defaults and limits
     takes_tree: ClassVar[bool] = False  # whether the run's `tree` setting chooses its tree (Medusa's)
+    # Where it proposed nothing in most rounds, what to try instead, for a page to say ("" : nothing).
+    idle_hint: ClassVar[str] = ""
     # `--NAME SOURCE` on the command line: where what it drafts with comes from (empty: no such flag).
     source_help: ClassVar[str] = ""
     # transformers' own decoder doing the same, for bench's comparison (empty: none).

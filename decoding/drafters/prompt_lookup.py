@@ -46,6 +46,8 @@ class PromptLookupDrafter(Drafter):
     who_guessed = "copies"
     guess_name = "copy"
     colour = "#0891B2"
+    idle_hint = ("it copies only what the text already holds: try a prompt that asks to repeat, correct or rewrite "
+                 "a passage (the examples' \"Repeat this paragraph exactly…\")")
     # transformers' defaults for both
     settings = (Setting("lookup_tokens", 10, 1, MAX_CHAIN, "tokens copied at most each round",
                         label="Lookup length (most tokens copied a round)", page_high=20),
