@@ -505,13 +505,14 @@ def _menu_options(page, elem_id: str) -> list[str]:
     page.click(f"#{elem_id} input")
     labels = page.get_by_role("option").all_inner_texts()
     page.keyboard.press("Escape")
-    return [label.strip() for label in labels]
+    return [label.strip().removeprefix("✓").strip() for label in labels]  # the chosen one is ticked
 
 
 def _pick(page, elem_id: str, label: str) -> None:
-    page.click(f"#{elem_id} input")
-    page.get_by_role("option", name=label, exact=True).first.click()
-    page.wait_for_timeout(600)
+    """Choose an option as a visitor typing in the menu would (as `set_tree` does)."""
+    page.locator(f"#{elem_id} input").fill(label)
+    page.keyboard.press("Enter")
+    page.wait_for_timeout(800)
 
 
 def _no_error_shown(page, errors: list[str]) -> None:
@@ -546,7 +547,8 @@ def test_every_control_once_and_every_model_and_back_raise_no_error(page):
         page.wait_for_timeout(800)
         _no_error_shown(page, errors)
         if page.locator("#tree-preset").is_visible():
-            assert page.locator("#tree-status").inner_text().startswith("✓")
+            page.wait_for_function("document.querySelector('#tree-status')?.innerText.startsWith('✓')",
+                                   timeout=30_000)
             assert page.locator("#tree-preset input").input_value() in _menu_options(page, "tree-preset")
     run_prompt(page)
     _no_error_shown(page, errors)
