@@ -14,7 +14,7 @@ from decoding.trace import CostCurve, RunTrace
 
 from . import lanes
 from .figure_style import LAPTOP, Look, base_layout, message_figure
-from .palette import ACCEPTED, AR, MEDUSA, head_colour
+from .palette import ACCEPTED, AR, head_colour
 
 
 def timeline(trace: RunTrace) -> tuple[list[float], list[int]]:
@@ -170,7 +170,7 @@ def cost_curve_figure(curve: CostCurve | None, tree_nodes: int | None = None, lo
                    name="free: one step for any T", hoverinfo="skip"),
         go.Scatter(x=curve.sizes, y=curve.costs, mode="lines+markers",
                    name=f"measured: {curve.device}, {curve.dtype}, {threads}",
-                   line=dict(color=MEDUSA, width=3), marker=dict(size=round(8 * look.marker_scale)),
+                   line=dict(color=lanes.colour(lanes.MEDUSA), width=3), marker=dict(size=round(8 * look.marker_scale)),
                    hovertemplate="a pass over %{x} tokens: %{y:.2f} one-token steps<extra></extra>"),
     ])
     if tree_nodes:

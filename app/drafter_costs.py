@@ -1,5 +1,6 @@
 """What each drafter cost on the visitor's own race, for the walkthrough's speculative-decoding
-step: the draft model's parameters, memory and passes beside Medusa's heads, and who was faster.
+step: each raced drafter's size, memory and passes (the draft model's beside Medusa's heads, the
+step's point), and who was faster.
 
 Every number is read from the race's traces (`RunTrace.drafter`, the rounds' draft times and
 passes): the argument for Medusa is made on the visitor's run, and where Medusa lost, it says so.
@@ -11,7 +12,7 @@ from decoding.race import RaceResult
 from decoding.trace import DrafterInfo
 
 from . import lanes
-from .lanes import DRAFT_MODEL, EAGLE, MEDUSA, PROMPT_LOOKUP
+from .lanes import DRAFT_MODEL, MEDUSA
 from .tokens import md_text
 
 INVITATION = ("*Race with the **draft model** lane ticked (on a model that ships one) and this step puts "
@@ -46,45 +47,27 @@ def draft_passes_per_round(race: RaceResult, lane: str) -> float:
     return sum(rnd.draft_passes for rnd in rounds) / len(rounds) if rounds else 0.0
 
 
-def _draft_model(race: RaceResult) -> str:
-    info, timing = _drafter(race, DRAFT_MODEL), race.timing(DRAFT_MODEL)
-    size = (f"**{count(info.parameters)} parameters**, {megabytes(info.weight_bytes)} of weights plus "
-            f"{megabytes(info.cache_bytes)} of its own KV cache by the end of the run; " if info else "")
-    return (f"- **The draft model**, a second network: {size}{draft_passes_per_round(race, 'draft-model'):.1f} "
-            f"passes of its own a round, costing **{race.draft_cost('draft-model'):.2f} plain steps** before the "
-            f"big model's check could start; {timing.tokens_per_pass:.2f} tokens per pass → "
-            f"{_speed(race, 'draft-model')} the speed of plain decoding.")
-
-
-def _medusa(race: RaceResult) -> str:
-    info, timing = _drafter(race, "medusa"), race.timing("medusa")
-    size = (f"**{count(info.parameters)} parameters** ({megabytes(info.weight_bytes)}), " if info else "")
-    return (f"- **Medusa's heads** (next step): {size}no cache and no pass of their own; drafting cost "
-            f"**{race.draft_cost('medusa'):.2f} plain steps** a round; {timing.tokens_per_pass:.2f} tokens per pass "
-            f"→ {_speed(race, 'medusa')}.")
-
-
-def _eagle(race: RaceResult) -> str:
-    info, timing = _drafter(race, EAGLE), race.timing(EAGLE)
-    size = (f"**{count(info.parameters)} parameters** ({megabytes(info.weight_bytes)}) over the big model's own "
-            f"features, with a small KV cache of its own ({megabytes(info.cache_bytes)}); " if info else "")
-    return (f"- **EAGLE's draft layer** (one decoder layer; see *After Medusa*): {size}"
-            f"{draft_passes_per_round(race, EAGLE):.1f} passes of that one layer a round, costing "
-            f"**{race.draft_cost(EAGLE):.2f} plain steps**; {timing.tokens_per_pass:.2f} tokens per pass → "
-            f"{_speed(race, EAGLE)}.")
-
-
-def _lookup(race: RaceResult) -> str:
-    timing = race.timing(PROMPT_LOOKUP)
-    return (f"- **Prompt lookup**: no weights at all, it copies earlier text; drafting cost "
-            f"**{race.draft_cost('prompt-lookup'):.2f} plain steps** a round; {timing.tokens_per_pass:.2f} tokens "
-            f"per pass → {_speed(race, 'prompt-lookup')}.")
+def _bullet(race: RaceResult, lane: str) -> str:
+    """One raced drafter in measured numbers: what it drafts with (its own words), its size and
+    memory where it has them, its passes of its own, its cost a round, and what that bought."""
+    info, timing, passes = _drafter(race, lane), race.timing(lane), draft_passes_per_round(race, lane)
+    size = ""
+    if info and info.parameters:
+        size = f"**{count(info.parameters)} parameters**, {megabytes(info.weight_bytes)} of weights"
+    elif info and info.weight_bytes:
+        size = f"{megabytes(info.weight_bytes)} in memory"
+    if info and info.cache_bytes:
+        size += f" plus {megabytes(info.cache_bytes)} of its own KV cache by the end of the run"
+    own_passes = f"{passes:.1f} passes of its own a round, " if passes else ""
+    return (f"- **{lanes.title(lane)}**, {lanes.drafts_with(lane)}: {size + '; ' if size else ''}{own_passes}"
+            f"drafting cost **{race.draft_cost(lane):.2f} plain steps** a round before the big model's check; "
+            f"{timing.tokens_per_pass:.2f} tokens per pass → {_speed(race, lane)} the speed of plain decoding.")
 
 
 def _winner(race: RaceResult, lane: str) -> str:
     """Medusa against one other drafter, by median speedup, with the noise said where it is."""
-    theirs, ours = race.spread(lane), race.spread("medusa")
-    noise = " — but their ranges overlap, so the gap may be noise" if race.overlap(lane, "medusa") else ""
+    theirs, ours = race.spread(lane), race.spread(MEDUSA)
+    noise = " — but their ranges overlap, so the gap may be noise" if race.overlap(lane, MEDUSA) else ""
     name = lanes.in_sentence(lane)
     if ours.median >= theirs.median:
         return f"**Here Medusa's heads beat {name}** ({ours.median:.2f}× against {theirs.median:.2f}×){noise}."
@@ -92,18 +75,16 @@ def _winner(race: RaceResult, lane: str) -> str:
 
 
 def drafter_comparison(race: RaceResult | None) -> str:
-    """Each raced drafter's size, memory and cost per round (the draft model's against Medusa's
-    heads, prompt lookup's where it raced), and who won, measured; before a race with a draft
-    model, an invitation to run one."""
+    """Each raced drafter's size, memory and cost per round, in the race's order, and who won
+    against Medusa, measured; before a race with a draft model, an invitation to run one."""
     if race is None:
         return INVITATION
-    bullets = {DRAFT_MODEL: _draft_model, MEDUSA: _medusa, EAGLE: _eagle, PROMPT_LOOKUP: _lookup}
-    present = [lane for lane in bullets if lane in race.lanes]
+    present = race.drafters
     rows = [] if DRAFT_MODEL in present else [INVITATION, ""]
     rows += [f"**On your race** ({md_text(race.shown[present[0]].model)}, {len(race.races)} race(s)), each "
-             "lane's drafting, measured:", "", *[bullets[lane](race) for lane in present], ""]
-    if "medusa" in present:
-        rows.append(" ".join(_winner(race, lane) for lane in present if lane != "medusa"))
+             "lane's drafting, measured:", "", *[_bullet(race, lane) for lane in present], ""]
+    if MEDUSA in present:
+        rows.append(" ".join(_winner(race, lane) for lane in present if lane != MEDUSA))
     else:
         rows.append("*Tick Medusa in the race too, to set its heads beside it.*")
     return "\n".join(rows).strip()

@@ -19,7 +19,8 @@ from decoding.trace import RoundTrace, RunTrace, TreeTrace
 from . import eagle_views
 from .eagle_views import GuessingAccuracy
 from .figure_style import LAPTOP, Look, base_layout, message_figure
-from .palette import BASE, EAGLE, INK, MEDUSA, REJECTED_STRONG, head_colour
+from . import lanes
+from .palette import BASE, INK, REJECTED_STRONG, head_colour
 from .tokens import figure_text
 from .tree_figures import Frame, _label_size, tree_figure, tree_height
 from .tree_layout import leaf_count, tidy_layout
@@ -171,10 +172,11 @@ def guessing_figure(accuracy: GuessingAccuracy, medusa: RunTrace | None, eagle: 
     """Per depth: how often Medusa's head and EAGLE's step guess right (held-out, measured when
     they were trained), and how often their top-1 guesses were right in the visitor's runs."""
     eagle_name = "EAGLE step d (held-out)" if look.narrow else "EAGLE step d, given the steps before (held-out)"
-    series = [("Medusa head d, top-1 (held-out)", accuracy.medusa, MEDUSA, ""),
-              (eagle_name, accuracy.eagle, EAGLE, ""),
-              ("your Medusa run, top-1", eagle_views.top1_rates(medusa) if medusa else None, MEDUSA, "/"),
-              ("your EAGLE run, top-1", eagle_views.top1_rates(eagle) if eagle else None, EAGLE, "/")]
+    medusa_colour, eagle_colour = lanes.colour(lanes.MEDUSA), lanes.colour(lanes.EAGLE)
+    series = [("Medusa head d, top-1 (held-out)", accuracy.medusa, medusa_colour, ""),
+              (eagle_name, accuracy.eagle, eagle_colour, ""),
+              ("your Medusa run, top-1", eagle_views.top1_rates(medusa) if medusa else None, medusa_colour, "/"),
+              ("your EAGLE run, top-1", eagle_views.top1_rates(eagle) if eagle else None, eagle_colour, "/")]
     series = [s for s in series if s[1]]
     if not series:
         return message_figure("No measured accuracy ships with<br>this model's drafters: press Run<br>"

@@ -45,6 +45,11 @@ def idle_hint(method: str) -> str:
     return "" if method == PLAIN else _drafter(method).idle_hint
 
 
+def drafts_with(method: str) -> str:
+    """What the drafter drafts with, in a sentence's words: "a second network, with its own KV cache"."""
+    return _drafter(method).drafts_with
+
+
 def guess_name(method: str, depth: int, short: bool = False) -> str:
     """Who guessed the token `depth` places after the root: "head 2", "step 2" (EAGLE), "draft 2",
     "copy 2" ("h2", "s2", "d2", "c2" where space is short)."""

@@ -11,6 +11,7 @@ which on a 2-core CPU was most of the 64-node mask's drawing time.
 
 from __future__ import annotations
 
+import html
 import math
 from dataclasses import dataclass
 
@@ -90,9 +91,20 @@ def _node_hover(tree: TreeTrace, rnd: RoundTrace, node: int, accepted: set[int])
     return "<br>".join(line for line in lines if line)
 
 
+def node_origin(rnd: RoundTrace, node: int) -> str:
+    """Where the drafter found the node's guess, for a hover, where its trace says ("" otherwise):
+    escaped, because Plotly reads a few HTML tags in text, and its line breaks drawn."""
+    if node >= len(rnd.node_origins) or not rnd.node_origins[node]:
+        return ""
+    return html.escape(rnd.node_origins[node], quote=False).replace("\n", "↵")
+
+
 def _proposer(tree: TreeTrace, rnd: RoundTrace, node: int, p_guess: float | None) -> list[str]:
-    """Who proposed the node, and how sure it was."""
+    """Who proposed the node, and how sure it was: where the drafter says where it found the
+    guess, that; else each drafter's own words."""
     depth, drafter = tree.depths[node], drafter_of(rnd)
+    if origin := node_origin(rnd, node):
+        return [origin]
     if drafter == DRAFT_MODEL:
         rank = f" (its choice {tree.ranks[node] + 1} there)" if tree.ranks[node] else ""
         return [f"the draft model's guess, {count(depth, 'token')} after the root{rank}",

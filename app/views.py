@@ -158,6 +158,8 @@ def drafting_text(trace: RunTrace, rnd: RoundTrace) -> str:
     """What the drafter did this round, before the verify pass (nothing to say for Medusa's
     heads, whose guesses the tree shows)."""
     method, guesses = trace.settings.method, rnd.tree_size - 1
+    if rnd.drafting_note:  # the drafter's own words
+        return f"{md_text(rnd.drafting_note)} · "
     if method == lanes.EAGLE:
         return eagle_views.drafting_text(rnd)
     if method == lanes.DRAFT_MODEL:

@@ -14,6 +14,8 @@ from typing import Any
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED_MODELS_DIR = ASSETS_DIR / "models"
 PROMPTS_DIR = ASSETS_DIR / "prompts"
+# The model's own answers, recorded as token ids: one folder per recording (training/recording.py).
+RECORDINGS_DIR = ASSETS_DIR / "recordings"
 
 # The project's own heads layout: this JSON (the heads' shape, plus what training recorded:
 # trees, accuracies, the command) beside `medusa_heads.safetensors`.

@@ -139,7 +139,9 @@ def _draft_seconds(lm: LoadedModel, hidden: torch.Tensor | None, repeats: int) -
     """The median time the heads take to guess for the paper's tree: Medusa's drafting per round."""
     if lm.heads is None or hidden is None:
         return 0.0
-    tree = Tree.pruned(MC_SIM_7B_63, lm.num_heads, "curve-draft")
+    # The paper's tree, cut to the heads there are and to the ranks their vocabulary has.
+    guessable = lm.heads.config.draft_vocab_size or lm.heads.config.vocab_size
+    tree = Tree.pruned([path for path in MC_SIM_7B_63 if max(path) < guessable], lm.num_heads, "curve-draft")
     draft(lm, hidden, tree, root=0, with_probs=False)
     return statistics.median(_time(lm.device, lambda: draft(lm, hidden, tree, root=0, with_probs=False))
                              for _ in range(repeats))

@@ -24,6 +24,9 @@ from .trace import CostCurve, DraftedTree
 from .tree import Tree
 
 DYNAMIC_TREE = "dynamic"  # the name a round's grown tree goes by
+# How much a new measurement of a round's drafting time moves the running estimate a drafter sizes
+# its tree by (`best_size`'s `draft_cost`).
+DRAFT_COST_SMOOTHING = 0.3
 
 
 @dataclass

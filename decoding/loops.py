@@ -247,6 +247,8 @@ def _detail(lm: LoadedModel, drafter: Drafter, round_trace: RoundTrace, proposal
         round_trace.guess_probs = proposal.guess_probs.cpu().tolist()
     round_trace.node_tokens, round_trace.node_texts = tokens, [lm.token_text(t) for t in tokens]
     round_trace.node_sources = ["base"] + [drafter.name] * (len(tokens) - 1)
+    round_trace.node_origins = list(proposal.origins or [])
+    round_trace.drafting_note = proposal.note
     round_trace.node_base_probs = [None] + node_p
     round_trace.base_argmax_tokens = best
     round_trace.base_argmax_texts = [lm.token_text(t) for t in best]

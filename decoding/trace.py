@@ -166,6 +166,11 @@ class RoundTrace:
     node_tokens: list[int] = field(default_factory=list)
     # Who proposed each node: "base" for the root (the base model's own token), else the drafter.
     node_sources: list[str] = field(default_factory=list)
+    # Where the drafter found each node's guess, in a few words, where it can say ("seen 12 of 40
+    # times after ..."; the root's: the base model); empty for a drafter that does not say.
+    node_origins: list[str] = field(default_factory=list)
+    # What the drafter did this round, in its own few words, where it says ("" otherwise).
+    drafting_note: str = ""
     node_texts: list[str] = field(default_factory=list)
     node_base_probs: list[float | None] = field(default_factory=list)
     base_argmax_tokens: list[int] = field(default_factory=list)

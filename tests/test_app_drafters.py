@@ -182,7 +182,9 @@ def test_the_walkthrough_compares_the_draft_model_with_medusas_heads_in_measured
 
     race = _three_lanes()
     text = drafter_comparison(race)
-    draft, heads, lookup = (line for line in text.splitlines() if line.startswith("- "))
+    bullets = {line.split("**")[1]: line for line in text.splitlines() if line.startswith("- ")}
+    assert list(bullets) == [lanes.title(lane) for lane in race.drafters]  # every raced drafter, in the race's order
+    draft, heads, lookup = (bullets[lanes.title(lane)] for lane in ("draft-model", "medusa", "prompt-lookup"))
     drafter = race.shown["draft-model"].drafter
     assert (count(drafter.parameters), megabytes(drafter.weight_bytes), megabytes(drafter.cache_bytes)) == (
         "30K", "0.1 MB", "6 kB")
@@ -211,7 +213,7 @@ def test_the_walkthrough_invites_a_race_with_a_draft_model_until_there_is_one():
     medusa = make_run(SMALL_CHOICES, accepted_leaves=[6])
     only_medusa = make_race({"ar": [make_ar_run(len(medusa.tokens))], "medusa": [medusa]})
     text = drafter_comparison(only_medusa)
-    assert text.startswith(INVITATION) and "- **Medusa's heads**" in text and "Here" not in text
+    assert text.startswith(INVITATION) and "- **Medusa**" in text and "Here" not in text
 
 
 def test_learn_follows_medusa_and_says_so_after_a_run_of_another_drafter(draft):
@@ -236,7 +238,7 @@ def test_stats_speak_of_the_runs_own_drafter(draft):
     assert numbers_in(unraced) == [round(lookup.mean_accepted, 2), len(lookup.rounds)]
 
 
-@pytest.mark.parametrize("method", ["medusa", "eagle", "draft-model", "prompt-lookup"])
+@pytest.mark.parametrize("method", list(DRAFTERS))
 def test_each_drafter_shows_its_own_controls_alone(method):
     """By name: Medusa's tree (preset, editor, status) and each drafter's own settings."""
     shown = {name for name, update in drafter_controls(method).items() if update["visible"]}

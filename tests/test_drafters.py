@@ -208,6 +208,10 @@ def test_draft_model_stops_guessing_past_its_context(tiny_llama):
 def test_available_drafters(tiny_llama):
     from decoding import available_drafters
 
-    assert available_drafters(tiny_llama) == ["medusa", "eagle", "draft-model", "prompt-lookup"]
+    from decoding.drafters import DRAFTERS
+
+    assert available_drafters(tiny_llama) == list(DRAFTERS)  # it carries heads, an EAGLE layer and a draft model
     bare = dataclasses.replace(tiny_llama, heads=None, draft=None, eagle=None, _token_texts={})
-    assert available_drafters(bare) == ["prompt-lookup"]
+    # Those that draft with something of their own are gone; those that read only text stay.
+    assert available_drafters(bare) == [name for name in DRAFTERS if name not in ("medusa", "eagle", "draft-model")]
+    assert "prompt-lookup" in available_drafters(bare)

@@ -20,6 +20,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from decoding import DecodeSettings, Tree, generate
 from decoding.acceptance import speculative_accept, typical_accept
+from decoding.drafters import DRAFTERS
 from decoding.eagle import EagleConfig, EagleHead
 from decoding.heads import HeadsConfig, MedusaHeads
 from decoding.model import LoadedModel
@@ -185,8 +186,7 @@ def word_model() -> LoadedModel:
 PROMPT = "a b c a b"  # it repeats itself, so prompt lookup has something to copy
 
 
-@pytest.mark.parametrize(("method", "top_k"), [("medusa", 1), ("draft-model", 1), ("draft-model", 3),
-                                               ("prompt-lookup", 1), ("eagle", 1)])
+@pytest.mark.parametrize(("method", "top_k"), [*((name, 1) for name in DRAFTERS), ("draft-model", 3)])
 def test_speculative_sampling_end_to_end(word_model, method, top_k):
     """Token 1 comes from the prefill, token 2 from a round over the drafter's guesses: whatever
     drafts them, the pair has the base model's distribution."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from decoding import DecodeSettings, generate, load_model
+from decoding.drafters.retrieval import recorded_index
 from decoding.fetch import is_fetched, not_fetched_message
 from test_embedded_model import bench_prompts
 
@@ -84,3 +85,12 @@ def test_medusa_in_bfloat16_on_the_papers_tree_writes_plain_decodings_text():
     plain = generate(lm, prompt, DecodeSettings(method="ar", max_new_tokens=40))
     medusa = generate(lm, prompt, DecodeSettings(max_new_tokens=40, tree="mc_sim_7b_63"))
     assert medusa.tokens == plain.tokens
+
+
+def test_smollm2_retrieves_from_its_recorded_answers(smollm2):
+    index = recorded_index(smollm2.name)
+    assert index is not None and index.size > 100_000
+    trace = generate(smollm2, "How do plants make food?", DecodeSettings(method="retrieval", max_new_tokens=24))
+    plain = generate(smollm2, "How do plants make food?", DecodeSettings(method="ar", max_new_tokens=24))
+    assert trace.tokens == plain.tokens
+    assert f"{index.size:,} tokens" in trace.drafter.description

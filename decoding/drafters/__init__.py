@@ -1,13 +1,13 @@
 """Drafters: where a round's guesses come from. One loop verifies them all (see base.py).
 
 Each module here is one drafter, which registers itself (registry.py); importing the package
-registers the four this project ships, in the order they are offered.
+registers the ones this project ships, in the order they are offered.
 """
 
 from __future__ import annotations
 
 # In the order they are offered; each registers itself.
-from . import medusa_heads, eagle, draft_model, prompt_lookup  # noqa: F401  # isort: skip
+from . import medusa_heads, eagle, draft_model, prompt_lookup, retrieval  # noqa: F401  # isort: skip
 from .base import Drafter, ModelFiles, Proposal
 from .registry import (
     DRAFTERS,

@@ -43,6 +43,9 @@ class Proposal:
     `guesses[d][r]` is the drafter's rank-r guess for the token d+1 places after the root (what
     the tree's nodes were picked from) and `guess_probs` the drafter's probability of each, when
     it has one; both only for showing. `copied_from` is where prompt lookup found its guesses.
+    `origins`, where a drafter can say it, is where each node's guess was found, the root first,
+    and `note` what it did this round, in a few words for a page to show (the trace's
+    `node_origins` and `drafting_note`).
     """
 
     tree: Tree
@@ -52,6 +55,8 @@ class Proposal:
     copied_from: int | None = None
     draft_passes: int = 0
     drafted: DraftedTree | None = None  # EAGLE: every candidate drafted, before the rerank
+    origins: list[str] | None = None  # (tree.size,) text, when the round is traced in detail
+    note: str = ""  # what the drafter did this round in a few words, when traced in detail
 
 
 def chain_tree(length: int) -> Tree:
@@ -94,6 +99,7 @@ class Drafter(ABC):
     description: ClassVar[str]  # what it is in a few words, for pickers: "prompt lookup (copy earlier text)"
     in_sentence: ClassVar[str] = ""  # its name inside a sentence ("the draft model"); the label where empty
     who_guessed: ClassVar[str] = ""  # the source of accepted tokens ("copies"); in_sentence where empty
+    drafts_with: ClassVar[str] = ""  # what it drafts with, in a sentence: "no weights at all: it copies earlier text"
     guess_name: ClassVar[str] = "guess"  # what its d-th guess is called: "head" (head 2), "copy" (copy 2)
     colour: ClassVar[str] = "#6B7280"  # its lane's colour on every figure
     settings: ClassVar[tuple[Setting, ...]] = ()  # the settings it owns, with defaults and limits

@@ -53,6 +53,7 @@ class DraftModelDrafter(Drafter):
     label = "Draft model"
     description = "draft model (a second, smaller model)"
     in_sentence = who_guessed = "the draft model"
+    drafts_with = "a second network, with a KV cache of its own"
     guess_name = "draft"
     colour = "#C2410C"
     settings = (Setting("draft_tokens", 4, 1, MAX_CHAIN, "tokens the draft model writes ahead each round",

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from ..cost_curve import model_cost_curve
-from ..dynamic_tree import DYNAMIC_TREE, DraftTree, drafted_trace, rerank, verified_tree
+from ..dynamic_tree import DRAFT_COST_SMOOTHING, DYNAMIC_TREE, DraftTree, drafted_trace, rerank, verified_tree
 from ..eagle import EAGLE_CONFIG, EAGLE_DIR, EagleHead, find_eagle
 from ..errors import DecodingError
 from ..kv_cache import new_cache
@@ -45,14 +45,12 @@ NAME = "eagle"
 # The tree: at most this many nodes a round (the root aside), as the published trees have.
 MAX_NODES = 63
 
-# How much a new measurement of the drafting time moves the running estimate the rerank uses.
-DRAFT_COST_SMOOTHING = 0.3
-
 
 @register
 class EagleDrafter(Drafter):
     name = NAME
     label = in_sentence = who_guessed = "EAGLE"
+    drafts_with = "one decoder layer over the big model's own features (see *After Medusa*), with a small KV cache"
     description = "EAGLE (one draft layer over the model's features)"
     guess_name = "step"
     colour = "#BE185D"

@@ -77,6 +77,7 @@ class MedusaHeadsDrafter(Drafter):
     label = in_sentence = "Medusa"
     description = "Medusa heads"
     who_guessed = "heads"
+    drafts_with = "heads on the big model's own last state (next step), with no cache and no pass of their own"
     guess_name = "head"
     colour = "#4F46E5"
     settings = (Setting("num_heads", None, 1, MAX_HEADS, "use only the first n heads (cuts the tree to depth n)",

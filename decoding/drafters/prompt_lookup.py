@@ -44,6 +44,7 @@ class PromptLookupDrafter(Drafter):
     description = "prompt lookup (copy earlier text)"
     in_sentence = "prompt lookup"
     who_guessed = "copies"
+    drafts_with = "no weights at all: it copies earlier text"
     guess_name = "copy"
     colour = "#0891B2"
     idle_hint = ("it copies only what the text already holds: try a prompt that asks to repeat, correct or rewrite "

@@ -28,6 +28,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..assets import RECORDINGS_DIR
 from ..atomic import write_atomically
 from ..errors import DecodingError
 from ..fetch import cache_root
@@ -37,7 +38,7 @@ from .recorder import ContinuousBatcher, Recorded, feature_layers, recorded_from
 
 MANIFEST = "recording.json"
 RUN_DETAILS = ("batch_size",)  # manifest entries a resumed recording may change
-ANSWERS_ROOT = Path(__file__).resolve().parents[2] / "assets" / "recordings"
+ANSWERS_ROOT = RECORDINGS_DIR
 
 
 @dataclass(frozen=True)
