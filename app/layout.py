@@ -39,7 +39,6 @@ from .waiting import BOARD
 
 MODEL_QUEUE = "model"
 PRIVATE = dict(api_visibility="private")
-MAX_NEW_TOKENS_UI = 256
 WAITING_EVERY = 2.0  # seconds between a page's looks at what the model is busy with
 PLAY_EVERY = 1.5  # seconds per round when playing; drawing a 64-node round takes most of a second
 # The embedded code model: small enough that its verify pass costs little more than a step on a
