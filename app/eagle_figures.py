@@ -16,10 +16,9 @@ import plotly.graph_objects as go
 
 from decoding.trace import RoundTrace, RunTrace, TreeTrace
 
-from . import eagle_views
+from . import eagle_views, lanes
 from .eagle_views import GuessingAccuracy
 from .figure_style import LAPTOP, Look, base_layout, message_figure
-from . import lanes
 from .palette import BASE, INK, REJECTED_STRONG, head_colour
 from .tokens import figure_text
 from .tree_figures import Frame, _label_size, tree_figure, tree_height

@@ -207,7 +207,6 @@ def test_draft_model_stops_guessing_past_its_context(tiny_llama):
 
 def test_available_drafters(tiny_llama):
     from decoding import available_drafters
-
     from decoding.drafters import DRAFTERS
 
     assert available_drafters(tiny_llama) == list(DRAFTERS)  # it carries heads, an EAGLE layer and a draft model
