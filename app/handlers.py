@@ -31,10 +31,12 @@ from gradio.components import Component
 
 from decoding.errors import DecodingError
 from decoding.measure import stream_on_free_cores
+from decoding.model import LoadedModel
 from decoding.race import RaceResult, race
 from decoding.trace import RunTrace
+from decoding.training.quick_heads import TrainedHeads, train_heads_live, with_trained_heads
 
-from . import charts, lanes, race_views, views
+from . import charts, lanes, race_views, training_views, views
 from .eagle_views import GuessingAccuracy
 from .figure_style import Look
 from .inputs import (
@@ -96,11 +98,27 @@ class Page:
     prev_button: Component
     next_button: Component
     steps: list[Step]
+    trained_state: Component  # the visitor's own heads, once trained on the Train tab (TrainedHeads)
+    use_trained: Component  # whether runs and races decode with them
+    train_heads: Component  # which heads learn: "all" or a head number
+    train_seconds: Component
+    train_status: Component
+    train_plot: Component
     learn_plots: dict[str, Component] = field(default_factory=dict)  # the walkthrough's figures, by name
 
     def inputs(self) -> set[Component]:
         # The states too: a refused run says whether the figures below are still the last one's.
-        return {*self.request.values(), self.projector, self.width, self.run_state, self.race_state}
+        return {*self.request.values(), self.projector, self.width, self.run_state, self.race_state,
+                self.trained_state, self.use_trained}
+
+    def model(self, values: dict[Component, object], name: str) -> LoadedModel:
+        """The model a run of this visitor's decodes with: the shared one, or a copy with the heads
+        this visitor trained on it, when they asked for them."""
+        model = cache.get(require_offered(name))
+        trained: TrainedHeads | None = values.get(self.trained_state)
+        if values.get(self.use_trained) and trained is not None and trained.model == model.name:
+            return with_trained_heads(model, trained)
+        return model
 
     def read(self, values: dict[Component, object]) -> RunRequest:
         return RunRequest.of(**{name: values[component] for name, component in self.request.items()})
@@ -188,7 +206,7 @@ def run_drafter(page: Page, values: dict, session: str = "") -> Iterator[dict]:
 def _stream_run(page: Page, values: dict, session: str) -> Iterator[dict]:
     pressed = time.perf_counter()
     request, look = page.read(values), page.look(values)
-    model = cache.get(require_offered(request.model))
+    model = page.model(values, request.model)
     settings = decode_settings(model, request)
     yield {page.tabs: gr.Tabs(selected="playground"), page.summary: "Starting the run…", **waiting_asks(page, session)}
     first_round_after = None
@@ -243,7 +261,7 @@ def run_race(page: Page, values: dict, session: str = "") -> Iterator[dict]:
 
 def _stream_race(page: Page, values: dict, session: str) -> Iterator[dict]:
     request, look = race_request(page.read(values)), page.look(values)
-    model = cache.get(require_offered(request.model))
+    model = page.model(values, request.model)
     drafters = race_lanes(model, request)
     settings = decode_settings(model, request, drafters)
     last_push, last_phase = 0.0, ""
@@ -264,6 +282,46 @@ def _stream_race(page: Page, values: dict, session: str) -> Iterator[dict]:
         yield update
 
 
+# ----------------------------------------------------------------------------- train
+
+def heads_to_train(choice: object, num_heads: int) -> tuple[int, ...]:
+    """The Train tab's choice ("all", or a head number) as the heads that learn."""
+    if choice == "all":
+        return tuple(range(1, num_heads + 1))
+    try:
+        return (int(choice),)
+    except (TypeError, ValueError):
+        raise DecodingError(f"pick a head to train (1 to {num_heads}, or all), not {choice!r}") from None
+
+
+@on_model_thread
+def train_heads(page: Page, values: dict, session: str = "") -> Iterator[dict]:
+    """Train the chosen heads of the page's model for the chosen seconds, the chart and status
+    streaming; the heads end up in this visitor's state, never in the shared model."""
+    look = page.look(values)
+    try:
+        model = cache.get(require_offered(values[page.request["model"]]))
+        heads = heads_to_train(values[page.train_heads], model.num_heads)
+        BOARD.post(session, f"training ({', '.join(f'head {k}' for k in heads)} of {model.name})")
+        for update in train_heads_live(model, heads, values[page.train_seconds]):
+            if isinstance(update, TrainedHeads):
+                yield {page.trained_state: update,
+                       page.use_trained: gr.Checkbox(interactive=True, label=use_label(update))}
+            else:
+                yield {page.train_status: training_views.training_status(update),
+                       page.train_plot: training_views.training_figure(update, look)}
+    except DecodingError as e:
+        gr.Warning(toast_text(e))
+        yield {page.train_status: f"⚠ {toast_text(e)}"}
+    finally:
+        BOARD.clear(session)
+
+
+def use_label(trained: TrainedHeads) -> str:
+    trace = trained.trace
+    return f"Use these heads ({trace.model}, trained {trace.latest.seconds:.0f} s) in the Playground and the Race"
+
+
 # ----------------------------------------------------------------------------- after a run
 
 def _by_name(components: dict[str, Component], figures: dict[str, object]) -> dict[Component, object]:
@@ -271,10 +329,15 @@ def _by_name(components: dict[str, Component], figures: dict[str, object]) -> di
     return {components[name]: figure for name, figure in figures.items()}
 
 
-def model_accuracy(run: RunTrace | None, result: RaceResult | None) -> GuessingAccuracy:
-    """What the run's model measured of its drafters (held-out accuracy per depth), if it is loaded."""
+def model_accuracy(page: Page, values: dict) -> GuessingAccuracy:
+    """What the run's model measured of its drafters (held-out accuracy per depth), if it is
+    loaded: of the heads this visitor trained, where the run decoded with them."""
+    run: RunTrace | None = values[page.run_state]
+    result: RaceResult | None = values[page.race_state]
     trace = run or (result.shown[result.focus] if result else None)
-    return GuessingAccuracy.of(cache.loaded_model(trace.model) if trace else None)
+    if trace is None or cache.loaded_model(trace.model) is None:
+        return GuessingAccuracy.of(None)
+    return GuessingAccuracy.of(page.model(values, trace.model))
 
 
 def after_run(page: Page, values: dict, session: str = "") -> dict:
@@ -284,7 +347,7 @@ def after_run(page: Page, values: dict, session: str = "") -> dict:
     run: RunTrace | None = values[page.run_state]
     result: RaceResult | None = values[page.race_state]
     look = page.look(values)
-    accuracy = model_accuracy(run, result)
+    accuracy = model_accuracy(page, values)
     run_file = write_json(f"{run.settings.method}_trace.json", run.to_dict()) if run else None
     race_file = (write_json("race_traces.json", {
         "lanes": result.lanes, "focus": result.focus,
@@ -309,7 +372,7 @@ def redraw(page: Page, values: dict) -> dict:
     return {page.tree_plot: view.tree, page.mask_plot: view.mask,
             page.race_plot: charts.race_figure(result, look=look),
             **_by_name(page.stats_plots, views.stats_figures(run, result, look)),
-            **_by_name(page.learn_plots, views.learn_figures(run, result, look, model_accuracy(run, result)))}
+            **_by_name(page.learn_plots, views.learn_figures(run, result, look, model_accuracy(page, values)))}
 
 
 # ----------------------------------------------------------------------------- rounds

@@ -25,7 +25,7 @@ from decoding.prompts import example_prompts
 from decoding.race import DEFAULT_RACES, MAX_RACES, default_lanes
 from decoding.settings import DecodeSettings
 
-from . import handlers, lanes, sidebar, store
+from . import handlers, lanes, sidebar, store, training_views
 from .api import trace_api
 from .figure_style import MASK_SHARE, SIDEBAR_CLOSED_BELOW, SIDEBAR_PX, message_figure
 from .gpu import ON_ZERO_GPU, gpu
@@ -45,6 +45,7 @@ PLAY_EVERY = 1.5  # seconds per round when playing; drawing a 64-node round take
 # CPU, and code is predictable, so its heads guess more tokens a pass than a chat model's.
 CODE_MODEL = "stdlib"
 DEFAULT_PROMPTS = ["It was a fine morning, and Elizabeth", "My dear Emma, said Mr. Knightley,"]
+TRAIN_SECONDS = 30  # the Train tab's default: head 1 of SmolLM2 climbs most of the way in that time
 DEFAULTS = DecodeSettings()
 # Where each explainer step points: (tab id, element id, button label).
 POINTERS = {
@@ -144,6 +145,8 @@ def build_demo() -> gr.Blocks:
                 playground = _playground_tab()
             with gr.Tab("Race", id="race"):
                 race_tab = _race_tab(tabs, available_drafters(model))
+            with gr.Tab("Train", id="train"):
+                train_tab = _train_tab(model)
             with gr.Tab("Stats", id="stats"):
                 stats_md = gr.Markdown(stats_text(None, None), elem_id="stats-explanation")
                 with gr.Column(elem_id="stats-figures"):
@@ -176,8 +179,10 @@ def build_demo() -> gr.Blocks:
             waiting_timer=waiting_timer,
             steps=steps, learn_plots=learn_plots, **playground,
             **{k: v for k, v in race_tab.items() if k not in ("races", "lanes", "race_tree")},
+            **{k: v for k, v in train_tab.items() if k != "train_button"},
         )
         _wire_runs(page, run_btn, race_btn)
+        _wire_training(page, train_tab["train_button"])
         # Outside the queue: a waiting visitor's page asks every few seconds what the model is busy
         # with, and those questions must neither wait behind the model nor fill the queue.
         waiting_timer.tick(_waiting_notice, None, waiting_md, queue=False, show_progress="hidden",
@@ -189,7 +194,8 @@ def build_demo() -> gr.Blocks:
         demo.load(None, None, width, js=ON_LOAD, **PRIVATE)
         tabs.change(None, js=RESIZE_PLOTS, **PRIVATE)
         projector.change(None, projector, None, js=TOGGLE_PROJECTOR, **PRIVATE)
-        projector.change(_handler(handlers.redraw, page), {run_state, race_state, page.slider, projector, width},
+        projector.change(_handler(handlers.redraw, page), {run_state, race_state, page.slider, projector, width,
+                                                           page.trained_state, page.use_trained},
                          [page.tree_plot, page.mask_plot, page.race_plot, *page.stats_plots.values(),
                           *page.learn_plots.values()],
                          **PRIVATE)
@@ -244,6 +250,32 @@ def _race_tab(tabs: gr.Tabs, drafters: list[str]) -> dict:
                 race_lanes=race_lanes, race_plot=race_plot)
 
 
+def _train_tab(model) -> dict:
+    gr.Markdown(load_text("train_note.md"), elem_id="train-note")
+    with gr.Row(equal_height=True):
+        heads = gr.Radio(training_views.train_choices(model), value="1", label="Heads that learn", scale=3,
+                         elem_id="train-heads")
+        seconds = gr.Slider(5, PAGE_LIMITS.train_seconds, value=TRAIN_SECONDS, step=5, precision=0, scale=3,
+                            label="Seconds of training", elem_id="train-seconds",
+                            info=f"5 to {PAGE_LIMITS.train_seconds:.0f} on this page, after the answers are read")
+        button = gr.Button("Train", variant="primary", scale=1, elem_id="train-button")
+    status = gr.Markdown(training_views.TRAIN_IDLE, elem_id="train-status")
+    plot = gr.Plot(training_views.training_figure(None), show_label=False, elem_id="train-plot")
+    use = gr.Checkbox(False, label="Use these heads in the Playground and the Race (train some first)",
+                      interactive=False, elem_id="use-trained")
+    return dict(train_heads=heads, train_seconds=seconds, train_button=button, train_status=status,
+                train_plot=plot, use_trained=use, trained_state=gr.State(None))
+
+
+def _wire_training(page: Page, button: gr.Button) -> None:
+    """Train queues for the model like a run (MODEL_QUEUE): one training or run at a time."""
+    button.click(gpu(_streaming(handlers.train_heads, page), duration=180),
+                 {page.request["model"], page.train_heads, page.train_seconds, page.projector, page.width},
+                 [page.train_status, page.train_plot, page.trained_state, page.use_trained, page.waiting_timer],
+                 concurrency_id=MODEL_QUEUE, concurrency_limit=1, show_progress="hidden",
+                 show_progress_on=page.trained_state, **PRIVATE)
+
+
 def _handler(fn: Callable, page: Page) -> Callable[[dict], dict]:
     """`fn(page, values)` as a one-argument event handler (Gradio passes a set's values as a dict)."""
     def handler(values: dict) -> dict:
@@ -272,7 +304,8 @@ def _waiting_notice(request: gr.Request) -> str:
 
 def _wire_runs(page: Page, run_btn: gr.Button, race_btn: gr.Button) -> None:
     after = dict(fn=_in_session(handlers.after_run, page),
-                 inputs={page.run_state, page.race_state, page.projector, page.width},
+                 inputs={page.run_state, page.race_state, page.projector, page.width, page.trained_state,
+                         page.use_trained},
                  outputs=page.after_run(), **PRIVATE)
     # No progress animation: the run's summary and the race's status line say where they are, and
     # Gradio's ticking timers kept the browser drawing on the cores the measured runs need. Gradio
@@ -336,7 +369,7 @@ def _wire_settings(page: Page, model_dd: gr.Dropdown, current_model: gr.State, m
                    example_dd: gr.Dropdown, examples: list[tuple[str, str]], tree_md: gr.Markdown) -> None:
     request = page.request
     controls = {**request, "tree_status": tree_md, "model": model_dd, "current_model": current_model,
-                "model_card": model_md}
+                "model_card": model_md, "train_heads": page.train_heads}
     show, outputs = _by_name(sidebar.acceptance_controls, controls, DEFAULTS.acceptance)
     request["acceptance"].change(show, request["acceptance"], outputs, **PRIVATE)
     switch, outputs = _by_name(sidebar.switch_model, controls, names=sidebar.SWITCH_MODEL_OUTPUTS)

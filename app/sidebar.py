@@ -21,7 +21,7 @@ from decoding.model import LoadedModel
 from decoding.race import default_lanes
 from decoding.settings import DecodeSettings, Setting
 
-from . import lanes, views
+from . import lanes, training_views, views
 from .handlers import refusal, toast_text
 from .inputs import PAGE_UNSET, PLAYGROUND_TREE, describe_tree, format_choices
 from .models import require_offered
@@ -132,7 +132,7 @@ def _load(name: str) -> LoadedModel:
 
 # What `switch_model` updates, by name (layout.py maps the names to the components).
 SWITCH_MODEL_OUTPUTS = ("model", "current_model", "model_card", "num_heads", "preset", "tree_text", "tree_status",
-                        "method", "lanes")
+                        "method", "lanes", "train_heads")
 
 
 def switch_model(name: str, previous: str, method: str) -> dict[str, object]:
@@ -152,7 +152,8 @@ def switch_model(name: str, previous: str, method: str) -> dict[str, object]:
             "preset": gr.Dropdown(**trees["preset"]), "tree_text": trees["tree_text"],
             "tree_status": trees["tree_status"],
             "method": gr.Radio(choices=lanes.choices(drafters), value=method if method in drafters else drafters[0]),
-            "lanes": gr.CheckboxGroup(choices=lanes.choices(drafters, short=True), value=default_lanes(drafters))}
+            "lanes": gr.CheckboxGroup(choices=lanes.choices(drafters, short=True), value=default_lanes(drafters)),
+            "train_heads": gr.Radio(choices=training_views.train_choices(model), value="1")}
 
 
 def _named_choices(model: LoadedModel, preset: str) -> list[list[int]] | None:

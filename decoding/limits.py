@@ -33,6 +33,12 @@ class PageLimits:
     run_seconds: float = 60.0
     # Visitors waiting for the model at once; the next one is told the page is busy.
     queue_size: int = 16
+    # Training heads on the page (training/quick_heads.py): the most seconds of training, and how
+    # much the frozen model reads to train on, once (its batched passes are the slow part: SmolLM2
+    # on a 2-core CPU reads 150-450 answer tokens a second), in tokens and seconds, whichever ends first.
+    train_seconds: float = 60.0
+    train_tokens: int = 16_000
+    train_read_seconds: float = 30.0
 
 
 PAGE_LIMITS = PageLimits()
@@ -67,6 +73,13 @@ def max_new_tokens_problem(max_new_tokens: int, limits: PageLimits = PAGE_LIMITS
     if 1 <= max_new_tokens <= limits.max_new_tokens:
         return None
     return f"max_new_tokens must be from 1 to {limits.max_new_tokens} on this page, not {max_new_tokens}"
+
+
+def training_problem(seconds: object, limits: PageLimits = PAGE_LIMITS) -> str | None:
+    """Why a training of `seconds` is outside the page's range, or None."""
+    if isinstance(seconds, int | float) and not isinstance(seconds, bool) and 1 <= seconds <= limits.train_seconds:
+        return None
+    return f"training runs from 1 to {limits.train_seconds:.0f} seconds on this page, not {seconds}"
 
 
 def page_problems(prompt: object, max_new_tokens: int, tree_paths: int | None,

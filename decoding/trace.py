@@ -88,6 +88,9 @@ class DrafterInfo:
     weight_bytes: int
     # The draft model's own KV cache at the end of the run (bytes): memory Medusa does not need.
     cache_bytes: int = 0
+    # Where the drafter's weights come from when not from the model's own files ("heads trained on
+    # this page for 30 s"); empty otherwise.
+    origin: str = ""
 
 
 @dataclass

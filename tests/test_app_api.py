@@ -21,6 +21,7 @@ from app.sidebar import switch_model
 from app.store import cache, write_json
 from app.views import LEARN_FIGURES, STATS_FIGURES
 from app_helpers import on_a_new_thread
+from decoding.drafters import DRAFTERS
 from decoding.drafters.medusa_heads import named_tree
 from decoding.errors import DecodingError
 from decoding.limits import PAGE_LIMITS
@@ -249,11 +250,12 @@ def test_a_half_edited_tree_blocks_medusa_but_not_the_other_drafters(model):
 def test_switching_models_offers_the_new_models_drafters(client, tiny_model_dir):
     updates = switch_model(tiny_model_dir, tiny_model_dir, "draft-model")
     method, lanes = updates["method"], updates["lanes"]
-    assert method.value == "draft-model" and [name for _, name in method.choices] == [
-        "medusa", "eagle", "draft-model", "prompt-lookup"]
+    # The tiny model carries heads, an EAGLE layer and a draft model: every registered drafter runs on it.
+    assert method.value == "draft-model" and [name for _, name in method.choices] == list(DRAFTERS)
     # Every drafter is offered; Medusa alone is ticked, so a first race is short (the rest on request).
-    assert [name for _, name in lanes.choices] == ["medusa", "eagle", "draft-model", "prompt-lookup"]
+    assert [name for _, name in lanes.choices] == list(DRAFTERS)
     assert lanes.value == ["medusa"]
+    assert [value for _, value in updates["train_heads"].choices] == ["1", "2", "3", "4", "all"]
 
 
 def test_each_example_prompt_comes_with_its_model():

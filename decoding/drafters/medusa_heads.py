@@ -124,5 +124,6 @@ class MedusaHeadsDrafter(Drafter):
         heads = self.lm.heads
         parameters = sum(p.numel() for p in heads.parameters())
         weight_bytes = sum(p.numel() * p.element_size() for p in heads.parameters())
-        return DrafterInfo(self.name, f"{heads.num_heads} Medusa heads on {self.lm.name}",
-                           parameters, weight_bytes)
+        origin = f"heads {heads.origin}" if heads.origin else ""
+        return DrafterInfo(self.name, f"{heads.num_heads} Medusa heads on {self.lm.name}", parameters, weight_bytes,
+                           origin=origin)

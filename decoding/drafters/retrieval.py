@@ -36,7 +36,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from ..assets import RECORDINGS_DIR
+from ..assets import RECORDINGS_DIR, recordings_of
 from ..cost_curve import model_cost_curve
 from ..dynamic_tree import DRAFT_COST_SMOOTHING, DYNAMIC_TREE, best_size
 from ..model import LoadedModel
@@ -143,10 +143,8 @@ def recorded_answers(model: str, folder: Path = RECORDINGS_DIR) -> list[list[int
     """The answers recorded of `model` (a recording's manifest names its model: see
     training/recording.py), each led by its prompt's cue to answer; token ids only."""
     answers: list[list[int]] = []
-    for manifest in sorted(folder.glob("*/recording.json")):
-        if json.loads(manifest.read_text(encoding="utf-8")).get("model") != model:
-            continue
-        for shard in sorted(manifest.parent.glob("shard-*.json")):
+    for recording in recordings_of(model, folder):
+        for shard in sorted(recording.glob("shard-*.json")):
             data = json.loads(shard.read_text(encoding="utf-8"))
             answers += [prompt[-ANSWER_CUE:] + answer for prompt, answer in zip(data["prompts"], data["answers"],
                                                                                 strict=True)]

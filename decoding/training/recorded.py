@@ -27,14 +27,14 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
-from transformers import get_cosine_schedule_with_warmup
+from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
 from ..heads import HeadsConfig, MedusaHeads
 from .answers import Answers
@@ -88,6 +88,15 @@ class RecordedTrainingSettings:
     bf16: bool = True  # autocast the vocabulary products (the CPUs this runs on do bf16 natively)
     reads_root: bool = True  # heads also read the root token's embedding (see heads.py)
     seed: int = 0
+    # Which heads learn (1-based); None: all. The others keep what they had and cost nothing.
+    trained_heads: tuple[int, ...] | None = None
+    # "cosine" over `epochs`; "constant" after the warmup, for a run stopped by the clock, which
+    # cannot know how many steps it will get (nor take its warmup as a share of them: `warmup_steps`).
+    schedule: str = "cosine"
+    warmup_steps: int | None = None  # None: `warmup` of the steps
+
+    def learns(self, head: int) -> bool:
+        return self.trained_heads is None or head in self.trained_heads
 
 
 @dataclass
@@ -107,7 +116,8 @@ class _Vocabulary:
         self.projection = heads.draft_projection(lm_head)
         self.embedding = embedding if heads.config.reads_root else None
         self.index = torch.full((heads.config.vocab_size,), -1, dtype=torch.long)
-        self.index[heads.draft_vocab] = torch.arange(len(heads.draft_vocab))
+        guessed = heads.draft_vocab if heads.draft_vocab is not None else torch.arange(heads.config.vocab_size)
+        self.index[guessed] = torch.arange(len(guessed))
 
     def roots(self, data: RecordedData, rows: torch.Tensor) -> torch.Tensor | None:
         """The embedding of the token each row's state chose: the root a head reads."""
@@ -135,7 +145,7 @@ def _batch_loss(heads: MedusaHeads, data: RecordedData, rows: torch.Tensor, voca
     total = states.new_zeros(())
     for k in range(1, heads.num_heads + 1):
         valid = data.remaining[rows] >= k
-        if not valid.any():
+        if not settings.learns(k) or not valid.any():
             continue
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
             logits = heads.head_logits(k - 1, states[valid], vocab.projection,
@@ -156,29 +166,30 @@ def new_recorded_heads(lm_head: nn.Linear, draft_vocab: torch.Tensor, settings: 
     return heads
 
 
-def fit_recorded_heads(heads: MedusaHeads, lm_head: nn.Linear, embedding: nn.Embedding, data: RecordedData,
-                       settings: RecordedTrainingSettings, progress: bool = True,
-                       after_epoch: Callable[[int], bool] | None = None) -> RecordedTrainingRun:
-    """Train `heads` in place on the recorded answers; the base model is never run.
+def recorded_training_steps(heads: MedusaHeads, lm_head: nn.Linear, embedding: nn.Embedding, data: RecordedData,
+                            settings: RecordedTrainingSettings) -> Iterator[RecordedTrainingRun]:
+    """Train `heads` in place on the recorded answers, yielding the run after every step; the base
+    model is never run. The heads are in eval mode while the caller holds them (to measure them,
+    or to stop: a generator stops where its caller does); `run.wall_time_s` counts the steps alone.
 
-    `after_epoch(epoch)` is called after each epoch (1, 2, ...; the last may be a part of one)
-    and ends training when it returns True: the caller measures held-out accuracy there and
-    stops once it no longer rises.
-    The learning rate follows one cosine over `settings.epochs`, the most epochs there can be.
+    The learning rate follows one cosine over `settings.epochs`, the most epochs there can be (or
+    stays constant after the warmup: `settings.schedule`).
     """
     generator = torch.Generator().manual_seed(settings.seed)
     vocab = _Vocabulary(heads, lm_head, embedding)
     trainable = torch.nonzero(data.remaining >= 1).flatten()
-    steps_per_epoch = math.ceil(len(trainable) / settings.batch_size)
     steps = max(1, math.ceil(settings.epochs * len(trainable) / settings.batch_size))
-    optimizer = torch.optim.AdamW(heads.parameters(), lr=settings.lr, weight_decay=0.0)
-    scheduler = get_cosine_schedule_with_warmup(optimizer, round(settings.warmup * steps), steps)
+    trained = [p for k in range(1, heads.num_heads + 1) if settings.learns(k) for p in heads.head_parameters(k)]
+    optimizer = torch.optim.AdamW(trained, lr=settings.lr, weight_decay=0.0)
+    warmup = settings.warmup_steps if settings.warmup_steps is not None else round(settings.warmup * steps)
+    scheduler = (get_constant_schedule_with_warmup(optimizer, warmup) if settings.schedule == "constant"
+                 else get_cosine_schedule_with_warmup(optimizer, warmup, steps))
     run = RecordedTrainingRun(heads=heads, steps=0, positions=len(trainable))
-    heads.train()
-    started = time.perf_counter()
     order = trainable[torch.randperm(len(trainable), generator=generator)]
     cursor = 0
-    for step in tqdm(range(steps), desc="train heads", unit="step", disable=not progress):
+    for step in range(steps):
+        started = time.perf_counter()
+        heads.train()
         if cursor + settings.batch_size > len(order):
             order, cursor = trainable[torch.randperm(len(trainable), generator=generator)], 0
         rows = order[cursor : cursor + settings.batch_size]
@@ -186,18 +197,35 @@ def fit_recorded_heads(heads: MedusaHeads, lm_head: nn.Linear, embedding: nn.Emb
         loss = _batch_loss(heads, data, rows, vocab, settings)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(heads.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
         optimizer.step()
         scheduler.step()
+        heads.eval()
         run.losses.append(loss.item())
         run.steps = step + 1
-        if after_epoch is not None and (run.steps % steps_per_epoch == 0 or run.steps == steps):
-            heads.eval()
-            if after_epoch(math.ceil(run.steps / steps_per_epoch)) or run.steps == steps:
+        run.wall_time_s += time.perf_counter() - started
+        yield run
+
+
+def fit_recorded_heads(heads: MedusaHeads, lm_head: nn.Linear, embedding: nn.Embedding, data: RecordedData,
+                       settings: RecordedTrainingSettings, progress: bool = True,
+                       after_epoch: Callable[[int], bool] | None = None) -> RecordedTrainingRun:
+    """Train `heads` in place on the recorded answers, for `settings.epochs`.
+
+    `after_epoch(epoch)` is called after each epoch (1, 2, ...; the last may be a part of one)
+    and ends training when it returns True: the caller measures held-out accuracy there and
+    stops once it no longer rises.
+    """
+    steps_per_epoch = math.ceil(int((data.remaining >= 1).sum()) / settings.batch_size)
+    run = RecordedTrainingRun(heads=heads, steps=0, positions=0)
+    bar = tqdm(desc="train heads", unit="step", disable=not progress,
+               total=max(1, math.ceil(settings.epochs * steps_per_epoch)))
+    for run in recorded_training_steps(heads, lm_head, embedding, data, settings):
+        bar.update(1)
+        if after_epoch is not None and (run.steps % steps_per_epoch == 0 or run.steps == bar.total):
+            if after_epoch(math.ceil(run.steps / steps_per_epoch)):
                 break
-            heads.train()
-    heads.eval()
-    run.wall_time_s = time.perf_counter() - started
+    bar.close()
     return run
 
 
@@ -210,11 +238,14 @@ class RecordedEvaluation(RankAccuracy):
 
 @torch.no_grad()
 def evaluate_recorded_heads(heads: MedusaHeads, lm_head: nn.Linear, embedding: nn.Embedding, data: RecordedData,
-                            top_k: int = 10, batch_size: int = 2048) -> RecordedEvaluation:
+                            top_k: int = 10, batch_size: int = 2048,
+                            measured: Sequence[int] | None = None) -> RecordedEvaluation:
     """Per-rank accuracy of every head and the joint path counts, on held-out recorded answers.
 
     A joint position is one where every head has a target: there the row of ranks at which the
     heads found their true tokens says which paths of a tree would have been accepted.
+    `measured` (1-based heads) measures only those, at a fraction of the price (a measurement
+    while training): the others' rows stay empty, and so do the path counts.
     """
     vocab = _Vocabulary(heads, lm_head, embedding)
     heads.eval()
@@ -230,7 +261,7 @@ def evaluate_recorded_heads(heads: MedusaHeads, lm_head: nn.Linear, embedding: n
         ranks = torch.full((len(rows), k_max), top_k, dtype=torch.long)
         for k in range(1, k_max + 1):
             valid = data.remaining[rows] >= k
-            if not valid.any():
+            if (measured is not None and k not in measured) or not valid.any():
                 continue
             logits = heads.head_logits(k - 1, states[valid], vocab.projection, None if roots is None else roots[valid])
             guesses = logits.topk(top_k).indices
@@ -238,9 +269,11 @@ def evaluate_recorded_heads(heads: MedusaHeads, lm_head: nn.Linear, embedding: n
             hits[k - 1] += found.sum(0)
             counts[k - 1] += int(valid.sum())
             ranks[valid, k - 1] = torch.where(found.any(-1), found.int().argmax(-1), top_k)
+        if measured is not None:
+            continue
         joint = data.remaining[rows] >= k_max
         path_counts.update(count_paths(ranks[joint].tolist(), top_k))
         joint_positions += int(joint.sum())
     accuracy = [[h / c if c else 0.0 for h in row] for row, c in zip(hits.tolist(), counts, strict=True)]
     return RecordedEvaluation(accuracy, counts, path_counts, joint_positions,
-                              coverage(data.tokens, heads.draft_vocab))
+                              coverage(data.tokens, heads.draft_vocab) if heads.draft_vocab is not None else 1.0)
