@@ -65,6 +65,7 @@ TOGGLE_PROJECTOR = f"""(on) => {{ document.body.classList.toggle('projector', on
   if (on) {{ {CLOSE_SIDEBAR} }} return on; }}"""
 # After Run the results' tabs go to the top; on a projector, the round's tree itself.
 SCROLL_TO_RESULTS = """() => { document.getElementById('results')?.scrollIntoView({block: 'start'}); }"""
+SCROLL_TO_TRAINING = """() => { document.getElementById('train-status')?.scrollIntoView({block: 'start'}); }"""
 SCROLL_TO_ROUND = """() => { const projector = document.body.classList.contains('projector');
   document.getElementById(projector ? 'round-controls' : 'results')?.scrollIntoView({block: 'start'}); }"""
 POINT_AT = """() => {{ const el = document.getElementById('{elem}');
@@ -258,7 +259,7 @@ def _train_tab(model) -> dict:
         seconds = gr.Slider(5, PAGE_LIMITS.train_seconds, value=TRAIN_SECONDS, step=5, precision=0, scale=3,
                             label="Seconds of training", elem_id="train-seconds",
                             info=f"5 to {PAGE_LIMITS.train_seconds:.0f} on this page, after the answers are read")
-        button = gr.Button("Train", variant="primary", scale=1, elem_id="train-button")
+        button = gr.Button("Train", variant="primary", scale=0, min_width=140, elem_id="train-button")
     status = gr.Markdown(training_views.TRAIN_IDLE, elem_id="train-status")
     plot = gr.Plot(training_views.training_figure(None), show_label=False, elem_id="train-plot")
     use = gr.Checkbox(False, label="Use these heads in the Playground and the Race (train some first)",
@@ -274,6 +275,7 @@ def _wire_training(page: Page, button: gr.Button) -> None:
                  [page.train_status, page.train_plot, page.trained_state, page.use_trained, page.waiting_timer],
                  concurrency_id=MODEL_QUEUE, concurrency_limit=1, show_progress="hidden",
                  show_progress_on=page.trained_state, **PRIVATE)
+    button.click(None, js=SCROLL_TO_TRAINING, **PRIVATE)
 
 
 def _handler(fn: Callable, page: Page) -> Callable[[dict], dict]:

@@ -8,6 +8,7 @@ small JSON that describes a model's heads, imports this module and not the model
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ EMBEDDED_MODELS_DIR = ASSETS_DIR / "models"
 PROMPTS_DIR = ASSETS_DIR / "prompts"
 # The model's own answers, recorded as token ids: one folder per recording (training/recording.py).
 RECORDINGS_DIR = ASSETS_DIR / "recordings"
+RECORDINGS_ENV = "MEDUSA_PLAYGROUND_RECORDINGS"  # more recording folders, os.pathsep between them
 
 # The project's own heads layout: this JSON (the heads' shape, plus what training recorded:
 # trees, accuracies, the command) beside `medusa_heads.safetensors`.
@@ -29,6 +31,10 @@ def read_heads_config(directory: Path) -> Any:
 
 
 def recordings_of(model: str, folder: Path = RECORDINGS_DIR) -> list[Path]:
-    """The folders of `model`'s recordings, in name order: a recording's manifest names its model."""
-    manifests = sorted(folder.glob("*/recording.json"))
-    return [m.parent for m in manifests if json.loads(m.read_text(encoding="utf-8")).get("model") == model]
+    """The folders of `model`'s recordings, in name order: a recording's manifest names its model.
+    Beside `folder`'s, the recordings in the folders RECORDINGS_ENV lists (os.pathsep between them):
+    a recording of your own (`python -m decoding record --out DIR`), read by the page without copying."""
+    extra = [Path(p) for p in os.environ.get(RECORDINGS_ENV, "").split(os.pathsep) if p]
+    manifests = sorted(folder.glob("*/recording.json")) + [p / "recording.json" for p in extra]
+    return [m.parent for m in manifests
+            if m.is_file() and json.loads(m.read_text(encoding="utf-8")).get("model") == model]

@@ -140,6 +140,25 @@ def run_race(page, races: int | None = None, timeout_ms: int = 300_000) -> str:
     return page.locator("#race-summary").inner_text()
 
 
+def train_head(page, seconds: int | None = None, timeout_ms: int = 240_000) -> float:
+    """Open the Train tab, press Train (after setting its seconds); wait for the training's end.
+    Returns seconds from the click to the end."""
+    open_tab(page, "Train")
+    if seconds is not None:
+        box = page.locator("#train-seconds input[type=number]")
+        box.fill(str(seconds))
+        box.press("Enter")
+    before = page.locator("#train-status").inner_text()
+    started = time.perf_counter()
+    page.click("#train-button")
+    # This training's own end: a status that differs from the last one's and says it is over.
+    page.wait_for_function(
+        """(before) => { const text = document.querySelector('#train-status')?.innerText ?? '';
+                          return text !== before && /Trained head|⚠/.test(text); }""",
+        arg=before, timeout=timeout_ms, polling=500)
+    return time.perf_counter() - started
+
+
 def set_race_count(page, races: int) -> None:
     """Open the Race tab and set how many races a press of Race runs."""
     open_tab(page, "Race")

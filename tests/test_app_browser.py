@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from app.layout import PLAY_EVERY
-from decoding.loading import embedded_models
+from decoding.assets import RECORDINGS_ENV
+from decoding.loading import embedded_models, load_model
 from decoding.prompts import example_prompts
 from decoding.tiny import make_tiny_model_dir
 from scripts.screenshots import (
@@ -33,8 +34,10 @@ from scripts.screenshots import (
     running_app,
     set_race_count,
     shoot,
+    train_head,
     walk_to_step,
 )
+from tests.test_quick_heads import write_cycle_recording
 
 sync_api = pytest.importorskip("playwright.sync_api")
 
@@ -92,8 +95,14 @@ def _require_chromium() -> None:
 def app_url(tmp_path_factory):
     _require_chromium()
     model = make_tiny_model_dir(tmp_path_factory.mktemp("tiny-model"))
-    with running_app(str(model)) as url:
-        yield url
+    # A recording of the tiny model's answers, for the Train tab (the page finds it through the environment).
+    lm = load_model(str(model))
+    recording = write_cycle_recording(tmp_path_factory.mktemp("recording"), lm.tokenizer,
+                                      lm.heads.config.vocab_size, lm.name)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(RECORDINGS_ENV, str(recording))
+        with running_app(str(model)) as url:
+            yield url
 
 
 @pytest.fixture(scope="module")
@@ -552,3 +561,17 @@ def test_every_control_once_and_every_model_and_back_raise_no_error(page):
             assert page.locator("#tree-preset input").input_value() in _menu_options(page, "tree-preset")
     run_prompt(page)
     _no_error_shown(page, errors)
+
+
+def test_the_train_tab_trains_a_head_that_beats_its_fresh_start_and_the_playground_uses_it(page, shots):
+    seconds = train_head(page, 5)
+    status = page.locator("#train-status").inner_text()
+    print(f"trained in {seconds:.1f} s: {status}")
+    learned, fresh = (int(x) for x in re.search(r"head 1: (\d+)% \(fresh (\d+)%", status).groups())
+    assert learned > fresh
+    assert plot_traces(page, "train-plot") == 3  # the learning line, its fresh start, the shipped head
+    shoot(page, shots / "train.png")
+    page.locator("#use-trained input").check()
+    open_tab(page, "Playground")
+    run_prompt(page, "It is a truth")
+    assert "(heads trained on this page for 5 s)" in page.locator("#run-summary").inner_text()

@@ -96,6 +96,7 @@ class OracleHeads(torch.nn.Module):
         self.config = HeadsConfig(num_heads, 0, states.shape[-1], vocab)
         self.num_heads = num_heads
         self.guess_vocab_size = vocab
+        self.origin = "wired to the true future (a test oracle)"
 
     def token_ids(self, guesses: torch.Tensor) -> torch.Tensor:
         return guesses  # no draft vocabulary: a guess is a token id
