@@ -221,7 +221,7 @@ def test_races_run_a_lane_per_drafter_report_their_speedups_and_link_to_stats(pa
     open_tab(page, "Learn")
     walk_to_step(page, 2)
     guess_step = page.locator("#learn-step-2").inner_text()
-    assert "The draft model, a second network" in guess_step and "plain steps" in guess_step
+    assert "Draft model, a second network" in guess_step and "plain steps" in guess_step
     walk_to_step(page, 5)  # from step 2: to step 6
     speedup_step = page.locator("#learn-step-6").inner_text()
     assert "passes produced" in speedup_step and "—" not in speedup_step
