@@ -1,6 +1,6 @@
 """What every drafter does: propose a tree of guesses for the next round, and keep in step.
 
-Speculative decoding, Medusa and prompt lookup share one loop (`loops.speculative_decode`):
+Every drafter shares one loop (`loops.speculative_decode`):
 guess some tokens ahead, verify all of them in ONE pass of the base model, keep the longest
 prefix the base model agrees with. They differ only in where the guesses come from:
 
@@ -8,6 +8,7 @@ prefix the base model agrees with. They differ only in where the guesses come fr
     eagle          one draft layer guesses the next feature, step by step     (small passes, a tree grown each round)
     draft-model    a second, smaller model writes a few tokens ahead          (its own passes, its own cache)
     prompt-lookup  copy what followed the last few tokens earlier in the text (no model at all)
+    retrieval      the most frequent continuations of the text in the model's own past answers (a suffix index)
 
 A drafter proposes a tree (a chain is a tree with one branch); verification, acceptance, cache
 compaction and tracing are the loop's, the same for all. Because every acceptance rule treats a
