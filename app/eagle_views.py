@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from decoding.drafters import available_drafters
+from decoding.drafters import available_drafters, drafter_class
 from decoding.model import LoadedModel
 from decoding.race import PLAIN, RaceResult
 from decoding.stats import verify_cost
 from decoding.trace import RoundTrace, RunTrace
 
-from .lanes import EAGLE
+from .lanes import EAGLE, MTP
 from .tokens import count, md_text
 
 # ----------------------------------------------------------------------------- one round
@@ -112,12 +112,13 @@ class GuessingAccuracy:
 
     `medusa[d]`: head d + 1's top-1 guess right (whatever the heads before it guessed);
     `eagle[d]`: EAGLE's guess at depth d + 1 right, given its guesses before it were right.
-    Either is None where the model ships no such measurement. `offers_eagle`: whether the model
-    can run EAGLE at all (None: not known)."""
+    `mtp[d]`: MTP module d + 1's, likewise. Each is None where the model ships no such measurement.
+    `offers_eagle`: whether the model can run EAGLE at all (None: not known)."""
 
     medusa: list[float] | None = None
     eagle: list[float] | None = None
     offers_eagle: bool | None = None
+    mtp: list[float] | None = None
 
     @classmethod
     def of(cls, model: LoadedModel | None) -> GuessingAccuracy:
@@ -126,19 +127,23 @@ class GuessingAccuracy:
             return cls()
         heads = model.head_accuracy
         return cls([row[0] for row in heads] if heads else None, list(model.eagle_accuracy or []) or None,
-                   EAGLE in available_drafters(model))
+                   EAGLE in available_drafters(model), drafter_class(MTP).held_out_accuracy(model))
 
 
 NO_ACCURACY = GuessingAccuracy()
 
 
-def eagle_run(run: RunTrace | None, race: RaceResult | None) -> RunTrace | None:
-    """The EAGLE run the step tells: the last run if it was EAGLE's, else the race's EAGLE lane."""
-    if run is not None and run.settings.method == EAGLE:
+def drafter_run(run: RunTrace | None, race: RaceResult | None, method: str) -> RunTrace | None:
+    """The run of `method` the step tells: the last run if it was that drafter's, else the race's lane."""
+    if run is not None and run.settings.method == method:
         return run
-    if race is not None and EAGLE in race.lanes:
-        return race.shown[EAGLE]
+    if race is not None and method in race.lanes:
+        return race.shown[method]
     return None
+
+
+def eagle_run(run: RunTrace | None, race: RaceResult | None) -> RunTrace | None:
+    return drafter_run(run, race, EAGLE)
 
 
 def medusa_run(run: RunTrace | None, race: RaceResult | None) -> RunTrace | None:
@@ -173,12 +178,16 @@ def _rates(rates: list[float] | None, depths: int) -> list[str]:
     return [f"{rates[d]:.0%}" if d < len(rates) else "—" for d in range(depths)]
 
 
-def accuracy_table(accuracy: GuessingAccuracy, medusa: RunTrace | None, eagle: RunTrace | None) -> str:
-    """Per depth, side by side: held-out accuracy of Medusa's head and of EAGLE's step, then how
-    often each lane of the visitor's run went one token deeper (columns without data left out)."""
+def accuracy_table(accuracy: GuessingAccuracy, medusa: RunTrace | None, eagle: RunTrace | None,
+                   mtp: RunTrace | None = None) -> str:
+    """Per depth, side by side: held-out accuracy of Medusa's head, EAGLE's step and the MTP
+    module, then how often each lane of the visitor's run went one token deeper (columns without
+    data left out)."""
     columns = [("Medusa head *d* (held-out)", accuracy.medusa), ("EAGLE step *d* (held-out)", accuracy.eagle),
+               ("MTP module *d* (held-out)", accuracy.mtp),
                ("your Medusa run, top-1", top1_rates(medusa) if medusa else None),
-               ("your EAGLE run, top-1", top1_rates(eagle) if eagle else None)]
+               ("your EAGLE run, top-1", top1_rates(eagle) if eagle else None),
+               ("your MTP run, top-1", top1_rates(mtp) if mtp else None)]
     columns = [(name, rates) for name, rates in columns if rates]
     if not columns:
         return ""
@@ -230,8 +239,8 @@ def after_medusa_values(run: RunTrace | None, race: RaceResult | None,
                         accuracy: GuessingAccuracy = NO_ACCURACY) -> dict[str, str]:
     """The "after Medusa" step's numbers: the measured accuracies side by side, and the
     visitor's EAGLE run (or race lane) beside Medusa's, where there is one."""
-    eagle, medusa = eagle_run(run, race), medusa_run(run, race)
-    table = accuracy_table(accuracy, medusa, eagle)
+    eagle, medusa, mtp = eagle_run(run, race), medusa_run(run, race), drafter_run(run, race, MTP)
+    table = accuracy_table(accuracy, medusa, eagle, mtp)
     said = []
     if eagle is None:
         said.append(NO_EAGLE if accuracy.offers_eagle is False else INVITATION)
@@ -242,4 +251,23 @@ def after_medusa_values(run: RunTrace | None, race: RaceResult | None,
         if measured:
             said.append("In the race, " + "; ".join(measured) + ".")
     return {"after_medusa_table": table or NO_TABLE, "after_medusa_note": TABLE_NOTE if table else "",
-            "after_medusa_run": " ".join(said)}
+            "after_medusa_run": " ".join(said), "after_medusa_mtp": mtp_sentence(accuracy, mtp)}
+
+
+MTP_INVITATION = ("The embedded model **stdlib-mtp** was trained that way, with its MTP modules from the first "
+                  "step: pick it, and **MTP** as the drafter.")
+
+
+def mtp_sentence(accuracy: GuessingAccuracy, mtp: RunTrace | None) -> str:
+    """The MTP paragraph's last words: the loaded model's modules, measured, and the visitor's MTP run."""
+    if not accuracy.mtp:
+        return MTP_INVITATION
+    rates = " / ".join(f"{a:.0%}" for a in accuracy.mtp)
+    said = [f"This model has **{count(len(accuracy.mtp), 'MTP module')}**, trained with it; held out, their "
+            f"first guesses were right {rates} of the time (module 1 first; each given the text before it)."]
+    if mtp is not None:
+        said.append(f"**In your MTP run**: {mtp.mean_accepted:.2f} tokens per pass over "
+                    f"{count(len(mtp.rounds), 'pass', 'passes')}.")
+    else:
+        said.append("Pick **MTP** as the drafter and press **Run** to see them draft.")
+    return " ".join(said)

@@ -11,6 +11,7 @@ from decoding.drafters import Drafter, drafter_class
 from decoding.drafters.draft_model import NAME as DRAFT_MODEL
 from decoding.drafters.eagle import NAME as EAGLE
 from decoding.drafters.medusa_heads import MedusaHeadsDrafter
+from decoding.drafters.mtp import NAME as MTP
 from decoding.drafters.prompt_lookup import NAME as PROMPT_LOOKUP
 from decoding.settings import PLAIN
 
@@ -18,7 +19,7 @@ from .palette import AR
 
 MEDUSA = MedusaHeadsDrafter.name
 # The drafters some views tell about in their own words (each view asks for its own by name).
-__all__ = ["DRAFT_MODEL", "EAGLE", "MEDUSA", "PLAIN", "PROMPT_LOOKUP"]
+__all__ = ["DRAFT_MODEL", "EAGLE", "MEDUSA", "MTP", "PLAIN", "PROMPT_LOOKUP"]
 
 
 def _drafter(method: str) -> type[Drafter]:

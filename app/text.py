@@ -20,12 +20,14 @@ from decoding.measure import busy_note
 from decoding.race import PLAIN, RaceResult
 from decoding.stats import Timing, rest_of_round_cost, round_cost, verify_cost
 from decoding.trace import CostCurve, RunTrace
+from decoding.training.quick_heads import TrainedHeads
 
 from .charts import acceptance_by_depth, rough_curve_reason
 from .drafter_costs import drafter_comparison
 from .eagle_views import NO_ACCURACY, GuessingAccuracy, after_medusa_values
 from .models import heads_recipe
 from .tokens import count, md_code, md_text
+from .training_views import training_step_values
 from .tree_layout import leaf_count
 
 EXPLAINER_DIR = ASSETS_DIR / "explainer"
@@ -268,7 +270,7 @@ def walkthrough_run(run: RunTrace | None, race: RaceResult | None) -> RunTrace |
 
 
 def explainer_values(run: RunTrace | None, race: RaceResult | None,
-                     accuracy: GuessingAccuracy = NO_ACCURACY) -> dict[str, str]:
+                     accuracy: GuessingAccuracy = NO_ACCURACY, trained: TrainedHeads | None = None) -> dict[str, str]:
     medusa = walkthrough_run(run, race)
     values = {"two_steps": "", "race_busy": ""}  # sentences said only where they apply
     if medusa is not None and medusa.tree is not None:
@@ -277,6 +279,7 @@ def explainer_values(run: RunTrace | None, race: RaceResult | None,
         values |= race_values(race)
     values["drafter_comparison"] = drafter_comparison(race)
     values |= after_medusa_values(run, race, accuracy)
+    values |= training_step_values(trained, run)
     tree_nodes = medusa.tree.size if medusa is not None and medusa.tree is not None else None
     if run is None and race is None:
         values |= {"cost_curve": "Press **Run** to see what a pass costs on this machine.", "curve_tree_cost": ""}
@@ -287,7 +290,8 @@ def explainer_values(run: RunTrace | None, race: RaceResult | None,
 
 
 def render_steps(steps: list[Step], run: RunTrace | None, race: RaceResult | None,
-                 accuracy: GuessingAccuracy = NO_ACCURACY) -> list[str]:
-    """Each step's Markdown with the run's numbers in it (and the drafters' measured accuracy)."""
-    values = explainer_values(run, race, accuracy)
+                 accuracy: GuessingAccuracy = NO_ACCURACY, trained: TrainedHeads | None = None) -> list[str]:
+    """Each step's Markdown with the run's numbers in it (the drafters' measured accuracy, and what
+    the visitor's own training bought)."""
+    values = explainer_values(run, race, accuracy, trained)
     return [fill(step.template, values) for step in steps]

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from decoding.training.quick_heads import TrainingTrace
+from decoding.trace import RunTrace
+from decoding.training.quick_heads import TrainedHeads, TrainingTrace
 
 from .figure_style import LAPTOP, Look, base_layout, message_figure
 from .palette import head_colour
@@ -82,3 +83,30 @@ def training_figure(trace: TrainingTrace | None, look: Look = LAPTOP) -> go.Figu
 def train_choices(model) -> list[tuple[str, str]]:
     """The Train tab's head choices for `model`: each head, then all of them."""
     return [*((f"Head {k}", str(k)) for k in range(1, model.num_heads + 1)), ("All heads", "all")]
+
+
+TRAINING_INVITATION = ("*Press **Train** on the Train tab: this step then tells what your head learnt, and how "
+                       "your runs with it went.*")
+
+
+def training_step_values(trained: TrainedHeads | None, run: RunTrace | None) -> dict[str, str]:
+    """The Learn step "Train a head": what the visitor's training bought, measured, and the last run
+    with those heads, if it used them (its drafter says where its heads came from)."""
+    if trained is None or trained.trace.latest is None or trained.trace.untrained is None:
+        return {"training_result": TRAINING_INVITATION}
+    trace = trained.trace
+    latest = trace.latest
+    heads = " and ".join(f"head {k}" for k in trace.trained_heads)
+    scores = "; ".join(
+        f"head {k} from **{percent(trace.untrained.top1[k - 1])}** to **{percent(latest.top1[k - 1])}** "
+        f"(the shipped head: {percent(trace.shipped.top1[k - 1]) if trace.shipped else '—'})"
+        for k in trace.trained_heads)
+    said = [f"**Your training** ({heads} of {trace.model}, {latest.seconds:.0f} s, "
+            f"{count(trace.steps, 'step')} on {trace.train_positions:,} tokens of its answers): held-out top-1 "
+            f"rose {scores}."]
+    if run is not None and run.drafter is not None and run.drafter.origin and run.model == trace.model:
+        said.append(f"Your last run decoded with them ({run.drafter.origin}): {count(len(run.tokens), 'token')} in "
+                    f"{count(run.forward_passes, 'pass', 'passes')}, {run.mean_accepted:.2f} tokens per pass.")
+    else:
+        said.append("*Tick **Use these heads** and press **Run**: this step then tells that run too.*")
+    return {"training_result": " ".join(said)}

@@ -56,6 +56,9 @@ class LoadedModel:
     # How often EAGLE's depth-d guess was right on held-out text, given the guesses before it
     # were (its own saved record), when it has one.
     eagle_accuracy: list[float] | None = None
+    # What a drafter drafts with, by the drafter's name, for a drafter that keeps it here (the MTP
+    # modules); Medusa's heads, EAGLE's head and the draft model still have fields of their own.
+    parts: dict[str, object] = field(default_factory=dict)
     # What a T-token pass costs here, once measured (see cost_curve.py).
     cost_curve: CostCurve | None = None
     # The same model in the other plain-decoding variants of its device, once loaded (baseline.py).

@@ -162,7 +162,7 @@ def test_the_stream_stats_and_acceptance_read_every_rounds_own_tree(eagle):
 def test_learn_has_an_after_medusa_step_with_its_own_figure():
     steps = load_steps()
     (step,) = [s for s in steps if s.title.startswith("After Medusa")]
-    assert step.figure == "guessing" and steps.index(step) == len(steps) - 2  # before "what next"
+    assert step.figure == "guessing" and steps.index(step) == len(steps) - 3  # before "train a head", "what next"
     assert "MTP" in step.template  # it names multi-token prediction, where this idea went next
 
 

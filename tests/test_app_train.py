@@ -8,7 +8,8 @@ import torch
 
 from app import handlers
 from app.store import cache
-from app.training_views import training_figure, training_status
+from app.text import load_steps, render_steps
+from app.training_views import TRAINING_INVITATION, training_figure, training_status, training_step_values
 from decoding.training.quick_heads import TrainedHeads
 from tests.test_app_api import _page_and_values, tiny_model_dir  # noqa: F401  (a fixture)
 from tests.test_quick_heads import write_cycle_recording
@@ -39,12 +40,22 @@ def test_train_streams_its_chart_and_keeps_the_heads_in_the_visitors_state(train
     assert [t.name for t in figure.data] == ["head 1, learning", "head 1, fresh start", "head 1, shipped"]
 
     values |= {"trained_state": trained}
+    runs = {}
     for use, says in ((True, True), (False, False)):
         updates = list(handlers.run_drafter(page, values | {"use_trained": use}))
-        run = [u["run_state"] for u in updates if "run_state" in u][-1]
+        run = runs[use] = [u["run_state"] for u in updates if "run_state" in u][-1]
         assert ("trained on this page" in run.drafter.origin) is says
         summary = [u["summary"] for u in updates if "summary" in u][-1]
         assert ("Medusa (heads trained on this page for 2 s)" in summary) is says, summary
+
+    # Learn's step on training tells this training, and the run that used its heads.
+    step = next(text for text in render_steps(load_steps(), runs[True], None, trained=trained)
+                if text.startswith("### Train a head"))
+    latest = trained.trace.latest.top1[0]
+    assert "**Your training** (head 1 of" in step and f"to **{latest:.0%}**" in step
+    assert "Your last run decoded with them (heads trained on this page" in step
+    assert "Tick **Use these heads**" in training_step_values(trained, runs[False])["training_result"]
+    assert training_step_values(None, runs[False])["training_result"] == TRAINING_INVITATION
 
 
 def test_heads_trained_on_another_model_are_not_used(trained_page):

@@ -179,7 +179,7 @@ def test_stats_page_names_the_round_cost_verify_cost_and_the_ceiling(run):
 
 def test_explainer_steps_load_with_labels_and_the_view_they_point_at():
     steps = load_steps()
-    assert len(steps) == 8
+    assert len(steps) == 9
     assert all(step.label and len(step.label) <= 14 for step in steps)
     assert {step.shows for step in steps} <= {"race", "stream", "tree", "mask", "stats", "none"}
     assert all(step.template.startswith(f"### {step.title}") for step in steps)

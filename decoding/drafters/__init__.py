@@ -7,7 +7,7 @@ registers the ones this project ships, in the order they are offered.
 from __future__ import annotations
 
 # In the order they are offered; each registers itself.
-from . import medusa_heads, eagle, draft_model, prompt_lookup, retrieval  # noqa: F401  # isort: skip
+from . import medusa_heads, eagle, mtp, draft_model, prompt_lookup, retrieval  # noqa: F401  # isort: skip
 from .base import Drafter, ModelFiles, Proposal
 from .registry import (
     DRAFTERS,

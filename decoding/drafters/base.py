@@ -154,6 +154,12 @@ class Drafter(ABC):
         return f"{lm.name} cannot run the {cls.name} drafter"
 
     @classmethod
+    def held_out_accuracy(cls, lm: LoadedModel) -> list[float] | None:
+        """How often its guess at each depth was right on held-out text, given the text before, as
+        saved with what it drafts with; None where nothing was measured."""
+        return None
+
+    @classmethod
     def shipped(cls, files: ModelFiles) -> str | Path | None:
         """What this drafter drafts with, as shipped or registered with the model (None: nothing)."""
         return None

@@ -174,6 +174,9 @@ def add_train_base_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int, default=s.layers)
     parser.add_argument("--heads", type=int, default=s.heads)
     parser.add_argument("--intermediate-size", type=int, default=s.intermediate_size)
+    parser.add_argument("--mtp-depth", type=int, default=s.mtp_depth,
+                        help="train DeepSeek-V3's multi-token prediction modules with the model, this "
+                             "many (module k guesses the token k+1 ahead; saved in OUT/mtp); 0: none")
     parser.add_argument("--seq-len", type=int, default=s.seq_len)
     parser.add_argument("--batch-size", type=int, default=s.batch_size)
     parser.add_argument("--lr", type=float, default=s.lr, help="peak learning rate")

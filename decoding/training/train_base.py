@@ -19,6 +19,12 @@ Training is built for a shared 2-core CPU with a wall-clock budget:
   has decayed by the time the budget ends however fast the shared CPU turns out;
 * periodic checkpoints (model, optimizer, step, elapsed time, RNG states) let
   ``--resume`` continue exactly where a run stopped.
+
+With ``--mtp-depth D`` the model trains with DeepSeek-V3's multi-token prediction objective
+(see mtp.py): D modules beside it, each guessing one token further ahead, their mean loss added
+to the model's with DeepSeek-V3's weights. The held-out log then keeps each depth's loss and
+top-1 beside the model's own loss, so a twin trained without them (same flags, no
+``--mtp-depth``) measures what the objective did to the model itself.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from transformers import (
 )
 
 from ..errors import DecodingError
+from ..mtp import MTP_DIR, MTPConfig, MTPModules, loss_weight, mtp_logits, mtp_loss, mtp_targets
 from .base_tokens import MAX_POSITIONS, encode_documents, special_ids, token_stream, train_tokenizer
 from .corpus import build_corpus, build_record_corpus, record_folders
 from .saving import load_state, save_model_as, save_state
@@ -67,6 +74,7 @@ class BaseTrainingSettings:
     layers: int = 6
     heads: int = 8
     intermediate_size: int = 704
+    mtp_depth: int = 0  # multi-token prediction modules trained with the model (mtp.py); 0: none
     seq_len: int = 256
     batch_size: int = 16
     lr: float = 2e-3  # peak learning rate
@@ -149,20 +157,49 @@ def sample_batch(stream: torch.Tensor, settings: BaseTrainingSettings, gen: torc
     return torch.stack([stream[s : s + settings.seq_len] for s in starts.tolist()])
 
 
+def heldout_windows(heldout: torch.Tensor, settings: BaseTrainingSettings) -> torch.Tensor:
+    """Fixed, non-overlapping held-out windows (the same every evaluation, so comparable)."""
+    n_windows = min(len(heldout) // settings.seq_len, settings.eval_batches * settings.batch_size)
+    return heldout[: n_windows * settings.seq_len].view(n_windows, settings.seq_len)
+
+
 @torch.no_grad()
 def heldout_loss(model: LlamaForCausalLM, heldout: torch.Tensor, settings: BaseTrainingSettings) -> float:
-    """Mean loss over fixed, non-overlapping held-out windows (comparable across evals)."""
-    n_windows = min(len(heldout) // settings.seq_len, settings.eval_batches * settings.batch_size)
-    if n_windows == 0:
+    """The model's mean loss over the held-out windows."""
+    windows = heldout_windows(heldout, settings)
+    if len(windows) == 0:
         return float("nan")
-    windows = heldout[: n_windows * settings.seq_len].view(n_windows, settings.seq_len)
     model.eval()
     losses = []
     for batch in windows.split(settings.batch_size):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
             losses.append(model(input_ids=batch, labels=batch).loss.float().item() * len(batch))
     model.train()
-    return sum(losses) / n_windows
+    return sum(losses) / len(windows)
+
+
+@torch.no_grad()
+def heldout_mtp(model: LlamaForCausalLM, modules: MTPModules, heldout: torch.Tensor,
+                settings: BaseTrainingSettings) -> dict[str, list[float]]:
+    """Each MTP depth's held-out loss and top-1: how often module k's first guess is the token
+    k+1 ahead, given the text before it (what a round accepts when the guesses before were right)."""
+    windows = heldout_windows(heldout, settings)
+    losses, hits, count = [0.0] * modules.config.depth, [0] * modules.config.depth, [0] * modules.config.depth
+    model.eval()
+    modules.eval()
+    for batch in windows.split(settings.batch_size):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
+            states = model(input_ids=batch, output_hidden_states=True).hidden_states[-1]
+            for k, logits in enumerate(mtp_logits(modules, model, states, batch)):
+                target = mtp_targets(batch, k + 1)
+                losses[k] += torch.nn.functional.cross_entropy(
+                    logits.flatten(0, 1).float(), target.flatten(), reduction="sum").item()
+                hits[k] += int((logits.argmax(-1) == target).sum())
+                count[k] += target.numel()
+    model.train()
+    modules.train()
+    return {"mtp_loss": [loss / max(n, 1) for loss, n in zip(losses, count, strict=True)],
+            "mtp_top1": [hit / max(n, 1) for hit, n in zip(hits, count, strict=True)]}
 
 
 def plot_curve(log: dict[str, Any], path: Path) -> None:
@@ -217,7 +254,11 @@ class BaseTraining:
             raise DecodingError(f"corpus too small: {len(self.train_ids)} tokens for --seq-len {s.seq_len}")
 
         self.model = build_model(s, self.tokenizer)
-        self.optimizer = make_optimizer(self.model, s)
+        self.mtp = (MTPModules(MTPConfig(s.hidden_size, len(self.tokenizer), s.mtp_depth), self.model)
+                    if s.mtp_depth else None)
+        # The modules share the model's embedding and lm_head; they are not stored twice.
+        trained = self.model if self.mtp is None else torch.nn.ModuleList([self.model, self.mtp])
+        self.optimizer = make_optimizer(trained, s)
         self.generator = torch.Generator().manual_seed(s.seed)
         self.max_steps = s.step_limit
         self.budget_s = s.max_minutes * 60 if s.max_minutes else None
@@ -228,6 +269,7 @@ class BaseTraining:
             "command": command,
             "arguments": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(s).items()},
             "params": sum(p.numel() for p in self.model.parameters()),
+            "mtp_params": sum(p.numel() for p in self.mtp.parameters()) if self.mtp else 0,
             "seed": s.seed,
             "corpus": s.corpus,
             "tokenizer": str(s.tokenizer) if s.tokenizer else "trained on the corpus",
@@ -262,6 +304,8 @@ class BaseTraining:
 
     def _restore(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
+        if self.mtp is not None:
+            self.mtp.load_state_dict(state["mtp"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
@@ -293,9 +337,13 @@ class BaseTraining:
             group["lr"] = lr
         batch = sample_batch(self.train_ids, self.settings, self.generator)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.settings.bf16):
-            loss = self.model(input_ids=batch, labels=batch).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            out = self.model(input_ids=batch, labels=batch, output_hidden_states=self.mtp is not None)
+            loss = out.loss
+            if self.mtp is not None:  # the model's loss is what is logged; the modules' is added
+                modules_loss, _ = mtp_loss(self.mtp, self.model, out.hidden_states[-1], batch)
+                total = loss + loss_weight(self.progress) * modules_loss
+        (loss if self.mtp is None else total).backward()
+        torch.nn.utils.clip_grad_norm_([p for group in self.optimizer.param_groups for p in group["params"]], 1.0)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
@@ -303,8 +351,12 @@ class BaseTraining:
 
     def evaluate(self) -> None:
         loss = heldout_loss(self.model, self.heldout_ids, self.settings)
-        self.log["heldout_curve"].append({"step": self.step, "tokens": self.tokens_seen, "loss": loss})
-        tqdm.write(f"step {self.step}: held-out loss {loss:.4f}")
+        point = {"step": self.step, "tokens": self.tokens_seen, "loss": loss}
+        if self.mtp is not None:
+            point.update(heldout_mtp(self.model, self.mtp, self.heldout_ids, self.settings))
+        self.log["heldout_curve"].append(point)
+        tqdm.write(f"step {self.step}: held-out loss {loss:.4f}"
+                   + (f", MTP top-1 {' / '.join(f'{a:.3f}' for a in point['mtp_top1'])}" if self.mtp else ""))
         # A small corpus is memorised before the schedule ends; the best held-out point is kept
         # in OUT/best so it can be chosen over the final weights.
         if loss < self.log.get("best", {}).get("heldout_loss", float("inf")):
@@ -314,6 +366,7 @@ class BaseTraining:
     def save_checkpoint(self) -> None:
         save_state(self.checkpoint_dir / CHECKPOINT_FILE, {
             "model": self.model.state_dict(),
+            **({"mtp": self.mtp.state_dict()} if self.mtp is not None else {}),
             "optimizer": self.optimizer.state_dict(),
             "generator": self.generator.get_state(),
             "torch_rng": torch.get_rng_state(),
@@ -327,6 +380,9 @@ class BaseTraining:
         is (a draft model is loaded with its target's), so the folder holds the model alone."""
         tokenizer = self.tokenizer if self.settings.tokenizer is None else None
         save_model_as(self.model, tokenizer, directory, self.settings.save_dtype)
+        if self.mtp is not None:  # with the held-out top-1 per depth it was last measured at
+            last = self.log["heldout_curve"][-1] if self.log["heldout_curve"] else {}
+            self.mtp.save(directory / MTP_DIR, {"accuracy": last.get("mtp_top1"), "command": self.log["command"]})
 
     def run(self) -> None:
         """Train to the end of the schedule, then save the model, its log and its loss curve."""
