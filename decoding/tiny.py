@@ -24,6 +24,7 @@ from transformers import (
 
 from .eagle import EAGLE_DIR, EagleConfig, EagleHead
 from .heads import HeadsConfig, MedusaHeads
+from .mtp import MTP_DIR, MTPConfig, MTPModules
 
 TOKENIZER_TEXT = (
     "It is a truth universally acknowledged, that a single man in possession of a good fortune, "
@@ -87,7 +88,8 @@ def make_tiny_model_dir(path: str | Path, arch: str = "llama", num_heads: int = 
                         vocab_size: int = 320, seed: int = 0) -> Path:
     """Write a loadable model directory: config, weights, tokenizer, (untrained) heads, a draft
     model in `draft/` (a smaller random Llama over the same vocabulary) and, where the layers
-    take rotary positions, a random EAGLE draft head in `eagle/`."""
+    take rotary positions, a random EAGLE draft head in `eagle/` and two random multi-token
+    prediction modules in `mtp/`."""
     path = Path(path)
     draft = tiny_model("llama", vocab_size, seed + 1, hidden=32, layers=1)
     draft.save_pretrained(path / "draft")
@@ -101,4 +103,5 @@ def make_tiny_model_dir(path: str | Path, arch: str = "llama", num_heads: int = 
     if arch != "gpt2":  # GPT-2's blocks take no rotary positions: it has no EAGLE head (see eagle.py)
         torch.manual_seed(seed + 2)
         EagleHead(EagleConfig(model.config.hidden_size, vocab_size), model).save(path / EAGLE_DIR)
+        MTPModules(MTPConfig(model.config.hidden_size, vocab_size, depth=2), model).save(path / MTP_DIR)
     return path

@@ -110,7 +110,7 @@ def test_trace_endpoint_runs_each_drafter_the_model_offers(client, method):
 
 
 @pytest.mark.parametrize("method, lengths, message", [
-    ("nonsense", (4, 10), "offers no drafter 'nonsense': choose one of ar, medusa, eagle, draft-model, prompt-lookup"),
+    ("nonsense", (4, 10), "offers no drafter 'nonsense': choose one of ar, medusa, eagle, mtp, draft-model, prompt-lookup"),
     ("draft-model", (0, 10), "draft_tokens must be a whole number from 1 to 64"),
     ("prompt-lookup", (4, 65), "lookup_tokens must be a whole number from 1 to 64"),
     ("prompt-lookup", (4, 2.5), "lookup_tokens must be a whole number, not 2.5"),
@@ -227,7 +227,7 @@ def test_bad_settings_raise_a_readable_error(model, tree_text, overrides, messag
 def test_only_the_drafters_a_model_has_are_accepted(model):
     without_draft = dataclasses.replace(model, draft=None)
     with pytest.raises(DecodingError,
-                       match="offers no drafter 'draft-model': choose one of ar, medusa, eagle, prompt-lookup"):
+                       match="offers no drafter 'draft-model': choose one of ar, medusa, eagle, mtp, prompt-lookup"):
         decode_settings(without_draft, RunRequest.of(prompt="It is", model=model.name, method="draft-model"))
     with pytest.raises(DecodingError, match="offers no drafter 'draft-model'"):
         race_lanes(without_draft, RunRequest.of(prompt="It is", model=model.name, lanes=("medusa", "draft-model")))

@@ -63,11 +63,11 @@ def test_loads_offline_in_a_fresh_process():
 
 def test_model_data_fits_the_size_budget():
     """Everything the embedded models load (weights, tokenizers, configs, draft models) together:
-    at most 70 MB (SmolLM2 ships only its heads and its 13 MB draft model here; its base weights
-    are fetched into a cache)."""
+    at most 80 MB (SmolLM2 ships only its heads and its 13 MB draft model here; its base weights
+    are fetched into a cache; stdlib-mtp, the sixth, 6.5 MB)."""
     data = [p for p in EMBEDDED_MODELS_DIR.glob("**/*") if p.suffix in (".safetensors", ".json")]
     assert any(p.parent.name == "draft" for p in data)
-    assert sum(p.stat().st_size for p in data) <= 70 * 2**20
+    assert sum(p.stat().st_size for p in data) <= 80 * 2**20
 
 
 def test_heads_beat_chance_by_a_wide_margin(embedded):

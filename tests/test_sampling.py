@@ -21,9 +21,11 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from decoding import DecodeSettings, Tree, generate
 from decoding.acceptance import speculative_accept, typical_accept
 from decoding.drafters import DRAFTERS
+from decoding.drafters.mtp import MTPPart
 from decoding.eagle import EagleConfig, EagleHead
 from decoding.heads import HeadsConfig, MedusaHeads
 from decoding.model import LoadedModel
+from decoding.mtp import MTPConfig, MTPModules
 
 VOCAB = 5
 TEMPERATURE, TOP_P = 0.9, 0.9
@@ -179,8 +181,11 @@ def word_model() -> LoadedModel:
                         default_tree="", **common)
     # An EAGLE layer, random: its guesses are right now and then, and its trees differ each round.
     eagle = EagleHead(EagleConfig(32, len(WORDS)), model).eval()
+    # Multi-token prediction modules, random too: over six words a chain is often right.
+    mtp = MTPPart(MTPModules(MTPConfig(32, len(WORDS), depth=2), model).eval(), model.lm_head, None)
     return LoadedModel(name="words", model=model, heads=heads.eval(), draft=draft, eagle=eagle,
-                       trees={"full": [[0], [1], [0, 0], [0, 1], [1, 0], [1, 1]]}, default_tree="full", **common)
+                       trees={"full": [[0], [1], [0, 0], [0, 1], [1, 0], [1, 1]]}, default_tree="full",
+                       parts={"mtp": mtp}, **common)
 
 
 PROMPT = "a b c a b"  # it repeats itself, so prompt lookup has something to copy

@@ -117,10 +117,11 @@ class MTPDrafter(Drafter):
             start = self.caches[k - 1].get_seq_length()
             out = self._read(k, states, line)
             logits = self.lm_head(self.modules.depths[k - 1].out_norm(out[-1:])).float()[0]
-            probs, tokens = logits.softmax(-1).topk(SHOWN_GUESSES if with_probs else 1)
+            top_logits, tokens = logits.topk(SHOWN_GUESSES if with_probs else 1)
             line.append(int(tokens[0]))
-            top_tokens.append(tokens)
-            top_probs.append(probs)
+            if with_probs:  # probabilities for the page only: a greedy round needs the argmax alone
+                top_tokens.append(tokens)
+                top_probs.append((top_logits - logits.logsumexp(-1)).exp())
             # Rows whose token k places on is text are true: kept, and their states wait for module
             # k+1. The rest read this round's guesses: cropped, read again next round.
             true_rows = max(0, min(len(out), last + 2 - k - start))
