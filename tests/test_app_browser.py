@@ -359,6 +359,16 @@ def test_projector_mode_is_big_closes_the_sidebar_and_fills_the_width(playwright
         tree_width = page.evaluate("document.querySelector('#tree-plot').getBoundingClientRect().width")
         assert tree_width > 0.8 * PROJECTOR["width"]
         shoot(page, shots / "projector.png", full_page=False)
+        settings_open_from_the_closed_sidebar(page)
+
+
+def settings_open_from_the_closed_sidebar(page) -> None:
+    """The closed sidebar's button sits whole on the screen, and opens the settings."""
+    box = page.locator(".sidebar .toggle-button").bounding_box()
+    assert box["x"] >= 0 and box["y"] >= 0 and box["x"] + box["width"] <= page.viewport_size["width"]
+    page.locator(".sidebar .toggle-button").click()
+    page.wait_for_timeout(800)
+    assert page.locator(".sidebar.open").count() == 1 and in_view(page, "#drafter") > 0
 
 
 def test_a_phone_can_run_at_once_and_the_tree_labels_do_not_overlap(playwright, app_url, shots):
@@ -370,6 +380,7 @@ def test_a_phone_can_run_at_once_and_the_tree_labels_do_not_overlap(playwright, 
         page.locator("#tree-plot").scroll_into_view_if_needed()
         assert overlapping_labels(page, "tree-plot") == 0
         shoot(page, shots / "phone-tree.png", full_page=False)
+        settings_open_from_the_closed_sidebar(page)
 
 
 @pytest.mark.skipif("stdlib" not in embedded_models(), reason="the embedded code model is not in assets/")
