@@ -110,7 +110,7 @@ def test_trace_endpoint_runs_each_drafter_the_model_offers(client, method):
 
 
 @pytest.mark.parametrize("method, lengths, message", [
-    ("nonsense", (4, 10), "offers no drafter 'nonsense': choose one of ar, medusa, eagle, mtp, draft-model, prompt-lookup"),
+    ("nonsense", (4, 10), "offers no drafter 'nonsense': choose one of ar, medusa, eagle, mtp, draft-model"),
     ("draft-model", (0, 10), "draft_tokens must be a whole number from 1 to 64"),
     ("prompt-lookup", (4, 65), "lookup_tokens must be a whole number from 1 to 64"),
     ("prompt-lookup", (4, 2.5), "lookup_tokens must be a whole number, not 2.5"),
