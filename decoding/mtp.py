@@ -66,6 +66,16 @@ def block_config(base_config: PreTrainedConfig) -> PreTrainedConfig:
     return config
 
 
+def final_norm(base: PreTrainedModel) -> nn.Module:
+    """The base model's final norm (Llama's `norm`, GPT-NeoX's `final_layer_norm`): the modules'
+    norms are of its class."""
+    decoder = base.get_decoder()
+    norm = getattr(decoder, "norm", None) or getattr(decoder, "final_layer_norm", None)
+    if norm is None:
+        raise DecodingError(f"{base.config.model_type} has no final norm this project finds: no MTP modules for it")
+    return norm
+
+
 class MTPModule(nn.Module):
     """One depth: proj([norm(state); norm(embedding)]) -> the base's own decoder layer class."""
 
@@ -73,7 +83,7 @@ class MTPModule(nn.Module):
         super().__init__()
         layer_class, rotary, self.cache_argument = decoder_parts(base)
         self.layer_config = block_config(base.config)
-        norm = base.get_decoder().norm  # the base's norm class, freshly initialised below
+        norm = final_norm(base)  # the base's norm class, freshly initialised below
         self.hidden_norm, self.token_norm, self.out_norm = (copy.deepcopy(norm) for _ in range(3))
         for n in (self.hidden_norm, self.token_norm, self.out_norm):
             n.reset_parameters() if hasattr(n, "reset_parameters") else nn.init.ones_(n.weight)

@@ -210,15 +210,19 @@ def test_before_an_eagle_run_the_step_invites_one_and_says_when_there_are_no_num
     no_eagle = GuessingAccuracy(offers_eagle=False)
     assert after_medusa_values(medusa, None, no_eagle)["after_medusa_run"] == eagle_views.NO_EAGLE
     assert guessing_figure(GuessingAccuracy(), None, None).layout.uirevision == "message"
-    before = render_steps(load_steps(), None, None)[-2]  # the step reads before any run
+    before = after_medusa_step(render_steps(load_steps(), None, None))  # the step reads before any run
     assert "{{" not in before and eagle_views.INVITATION in before
+
+
+def after_medusa_step(rendered: list[str]) -> str:
+    return next(text for text in rendered if text.startswith("### After Medusa"))
 
 
 def test_the_accuracies_come_from_the_models_describing_fields_only():
     model = SimpleNamespace(head_accuracy=[[0.4, 0.1], [0.2, 0.05]], eagle_accuracy=[0.6, 0.5], heads=object(),
-                            eagle=object(), draft=None)
-    assert GuessingAccuracy.of(model) == GuessingAccuracy([0.4, 0.2], [0.6, 0.5], offers_eagle=True)
-    bare = SimpleNamespace(head_accuracy=None, eagle_accuracy=None, heads=None, eagle=None, draft=None)
+                            eagle=object(), draft=None, parts={"mtp": SimpleNamespace(accuracy=[0.7, 0.6])})
+    assert GuessingAccuracy.of(model) == GuessingAccuracy([0.4, 0.2], [0.6, 0.5], offers_eagle=True, mtp=[0.7, 0.6])
+    bare = SimpleNamespace(head_accuracy=None, eagle_accuracy=None, heads=None, eagle=None, draft=None, parts={})
     assert GuessingAccuracy.of(bare) == GuessingAccuracy(offers_eagle=False)
     assert GuessingAccuracy.of(None) == GuessingAccuracy()
     cache = ModelCache(keep=1)
@@ -244,7 +248,7 @@ def test_a_real_eagle_run_and_race_on_the_tiny_model_draw_every_round(tiny_llama
     assert any(line.startswith(f"| {lanes.title('eagle')} |") for line in race_views.lane_table(result).splitlines())
     accuracy = GuessingAccuracy.of(tiny_llama)
     told = after_medusa_values(run, result, accuracy)["after_medusa_run"]
-    assert told in render_steps(load_steps(), run, result, accuracy)[-2]
+    assert told in after_medusa_step(render_steps(load_steps(), run, result, accuracy))
     assert carries(told, round(run.mean_accepted, 2), round(result.timing("eagle").tokens_per_pass, 2),
                    round(result.spread("eagle").median, 2))
 
