@@ -20,9 +20,12 @@ from transformers import AutoModelForCausalLM, Gemma2Config
 
 from decoding import DecodeSettings, DecodingError, generate, load_model
 from decoding.drafters import DRAFTERS, available_drafters, drafter_class
+from decoding.drafters.mtp import MTPPart
 from decoding.eagle import EagleConfig, EagleHead
 from decoding.heads import HeadsConfig, MedusaHeads
 from decoding.kv_cache import new_cache
+from decoding.model import few_rows_projection
+from decoding.mtp import MTPConfig, MTPModules
 from decoding.passes import decode_one_token, run_model, tree_inputs
 from decoding.tiny import tiny_config, tiny_tokenizer
 from decoding.tree import Tree
@@ -74,6 +77,10 @@ def _load(path: str, attention: str):
     with contextlib.suppress(DecodingError):
         lm.eagle = EagleHead(EagleConfig(lm.model.config.get_text_config().hidden_size, VOCAB), lm.model)
         lm.eagle = lm.eagle.to(lm.dtype).eval()
+    with contextlib.suppress(DecodingError):  # and two untrained MTP modules, likewise
+        modules = MTPModules(MTPConfig(lm.model.config.get_text_config().hidden_size, VOCAB, depth=2), lm.model)
+        lm.parts["mtp"] = MTPPart(modules.to(lm.dtype).eval(), few_rows_projection(lm.model.get_output_embeddings()),
+                                  None)
     return lm
 
 
