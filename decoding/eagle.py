@@ -114,17 +114,22 @@ def _torch_dtype(value: object) -> torch.dtype | None:
     return value if isinstance(value, torch.dtype) else None
 
 
+def check_base_shape(what: str, hidden_size: int, vocab_size: int, base: PreTrainedModel) -> None:
+    """A DecodingError in one line where a drafter's part (`what`: "this EAGLE head is") was made
+    for a base model of another hidden size or vocabulary."""
+    text = base.config.get_text_config(decoder=True)
+    if hidden_size != text.hidden_size or vocab_size != text.vocab_size:
+        raise DecodingError(
+            f"{what} for a model of hidden size {hidden_size} and {vocab_size} tokens, but "
+            f"{text.model_type} has {text.hidden_size} and {text.vocab_size}: it belongs to another base model")
+
+
 class EagleHead(nn.Module):
     """fc([embedding; feature]) -> one decoder layer -> a guess of the next feature."""
 
     def __init__(self, config: EagleConfig, base: PreTrainedModel) -> None:
         super().__init__()
-        text = base.config.get_text_config(decoder=True)
-        if config.hidden_size != text.hidden_size or config.vocab_size != text.vocab_size:
-            raise DecodingError(
-                f"this EAGLE head is for a model of hidden size {config.hidden_size} and "
-                f"{config.vocab_size} tokens, but {text.model_type} has {text.hidden_size} and "
-                f"{text.vocab_size}: it belongs to another base model")
+        check_base_shape("this EAGLE head is", config.hidden_size, config.vocab_size, base)
         self.config = config
         layer_class, rotary, self.cache_argument = decoder_parts(base)
         self.layer_config = layer_config(base.config)

@@ -34,7 +34,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import PreTrainedConfig, PreTrainedModel
 
-from .eagle import decoder_parts, layer_config
+from .eagle import check_base_shape, decoder_parts, layer_config
 from .errors import DecodingError
 from .passes import additive_mask
 
@@ -112,12 +112,7 @@ class MTPModules(nn.Module):
 
     def __init__(self, config: MTPConfig, base: PreTrainedModel) -> None:
         super().__init__()
-        text = base.config.get_text_config(decoder=True)
-        if config.hidden_size != text.hidden_size or config.vocab_size != text.vocab_size:
-            raise DecodingError(
-                f"these MTP modules are for a model of hidden size {config.hidden_size} and "
-                f"{config.vocab_size} tokens, but {text.model_type} has {text.hidden_size} and "
-                f"{text.vocab_size}: they belong to another base model")
+        check_base_shape("these MTP modules are", config.hidden_size, config.vocab_size, base)
         self.config = config
         self.depths = nn.ModuleList(MTPModule(config, base) for _ in range(config.depth))
 
