@@ -118,7 +118,7 @@ def head_acceptance_figure(trace: RunTrace, look: Look = LAPTOP) -> go.Figure:
                hovertemplate="%{x}: accepted in %{y:.0%} of the rounds whose path got this deep"
                              "<extra></extra>"),
     ])
-    title = "Acceptance rate per head (= depth)" if method == "medusa" else "Acceptance rate per guess depth"
+    title = f"Acceptance rate per {lanes.guess_noun(method)} (= depth)"
     fig.update_layout(title=dict(text=title, x=0.01), barmode="group",
                       legend=dict(orientation="h", yanchor="bottom", y=1.0, x=1, xanchor="right"))
     fig.update_yaxes(tickformat=".0%", range=[0, 1.05])

@@ -19,7 +19,7 @@ from decoding.race import PLAIN, RaceResult
 from decoding.stats import verify_cost
 from decoding.trace import RoundTrace, RunTrace
 
-from .lanes import EAGLE, MTP
+from .lanes import EAGLE, MEDUSA, MTP
 from .tokens import count, md_text
 
 # ----------------------------------------------------------------------------- one round
@@ -125,8 +125,7 @@ class GuessingAccuracy:
         """Read from a loaded model's describing fields (never from its heads themselves)."""
         if model is None:
             return cls()
-        heads = model.head_accuracy
-        return cls([row[0] for row in heads] if heads else None, list(model.eagle_accuracy or []) or None,
+        return cls(drafter_class(MEDUSA).held_out_accuracy(model), drafter_class(EAGLE).held_out_accuracy(model),
                    EAGLE in available_drafters(model), drafter_class(MTP).held_out_accuracy(model))
 
 
@@ -147,9 +146,9 @@ def eagle_run(run: RunTrace | None, race: RaceResult | None) -> RunTrace | None:
 
 
 def medusa_run(run: RunTrace | None, race: RaceResult | None) -> RunTrace | None:
-    if race is not None and "medusa" in race.lanes:
-        return race.shown["medusa"]
-    return run if run is not None and run.settings.method == "medusa" else None
+    if race is not None and MEDUSA in race.lanes:
+        return race.shown[MEDUSA]
+    return run if run is not None and run.settings.method == MEDUSA else None
 
 
 def top1_rates(trace: RunTrace | None) -> list[float]:
@@ -246,7 +245,7 @@ def after_medusa_values(run: RunTrace | None, race: RaceResult | None,
         said.append(NO_EAGLE if accuracy.offers_eagle is False else INVITATION)
     else:
         said.append(_run_sentence(eagle, medusa))
-        lanes = [(name, _lane_sentence(race, lane)) for name, lane in (("EAGLE", EAGLE), ("Medusa", "medusa"))]
+        lanes = [(name, _lane_sentence(race, lane)) for name, lane in (("EAGLE", EAGLE), ("Medusa", MEDUSA))]
         measured = [f"{name}: {sentence}" for name, sentence in lanes if sentence]
         if measured:
             said.append("In the race, " + "; ".join(measured) + ".")

@@ -30,6 +30,7 @@ import gradio as gr
 from gradio.components import Component
 
 from decoding.errors import DecodingError
+from decoding.heads import heads_count
 from decoding.measure import stream_on_free_cores
 from decoding.model import LoadedModel
 from decoding.race import RaceResult, race
@@ -301,7 +302,7 @@ def train_heads(page: Page, values: dict, session: str = "") -> Iterator[dict]:
     look = page.look(values)
     try:
         model = cache.get(require_offered(values[page.request["model"]]))
-        heads = heads_to_train(values[page.train_heads], model.num_heads)
+        heads = heads_to_train(values[page.train_heads], heads_count(model))
         BOARD.post(session, f"training ({', '.join(f'head {k}' for k in heads)} of {model.name})")
         for update in train_heads_live(model, heads, values[page.train_seconds]):
             if isinstance(update, TrainedHeads):

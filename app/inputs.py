@@ -12,9 +12,10 @@ import json
 from dataclasses import dataclass, field
 
 from decoding import available_drafters
-from decoding.drafters import DRAFTERS, check_settings, drafter_setting
+from decoding.drafters import DRAFTERS, check_settings, drafter_setting, setting_high
 from decoding.drafters.medusa_heads import named_tree
 from decoding.errors import DecodingError
+from decoding.heads import heads_count
 from decoding.limits import PAGE_LIMITS, check_page_limits, tree_problem, tree_text_problem
 from decoding.model import LoadedModel
 from decoding.race import DEFAULT_RACES
@@ -114,7 +115,7 @@ def tree_spec(model: LoadedModel, preset: str, text: str, num_heads: int) -> str
     preset_choices = named_tree(model, preset).choices
     if choices == preset_choices:
         return preset
-    return [list(path) for path in checked_tree(choices, preset_choices, model.num_heads, num_heads).paths]
+    return [list(path) for path in checked_tree(choices, preset_choices, heads_count(model), num_heads).paths]
 
 
 def whole(value: object, name: str) -> int:
@@ -153,9 +154,11 @@ def decode_settings(model: LoadedModel, request: RunRequest, methods: list[str] 
     methods = [check_method(model, method, plain=True) for method in (methods or [request.method])]
     options = {name: option_value(name, value) for name, value in request.options.items()}
     takes_tree = any(DRAFTERS[m].takes_tree for m in methods if m != PLAIN)
-    heads = options.get("num_heads") or model.num_heads
-    if takes_tree and not 1 <= heads <= model.num_heads:
-        raise DecodingError(f"{model.name} has {model.num_heads} heads: use 1 to {model.num_heads}")
+    for setting in (s for m in methods if m != PLAIN for s in DRAFTERS[m].settings if s.model_bound):
+        high = setting_high(model, setting)
+        if (options.get(setting.name) or 0) > high:
+            raise DecodingError(f"{setting.name} on {model.name}: use 1 to {high:g} (or leave it unset)")
+    heads = options.get("num_heads") or heads_count(model)
     max_new_tokens = whole(request.max_new_tokens, "max_new_tokens")
     check_page_limits(request.prompt, max_new_tokens, None)
     seed = -1 if request.seed is None else whole(request.seed, "seed")

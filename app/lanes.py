@@ -51,10 +51,15 @@ def drafts_with(method: str) -> str:
     return _drafter(method).drafts_with
 
 
+def guess_noun(method: str) -> str:
+    """What the drafter's d-th guess is called: "head" (Medusa), "step" (EAGLE), "draft", "copy"."""
+    return "guess" if method == PLAIN else _drafter(method).guess_name
+
+
 def guess_name(method: str, depth: int, short: bool = False) -> str:
     """Who guessed the token `depth` places after the root: "head 2", "step 2" (EAGLE), "draft 2",
     "copy 2" ("h2", "s2", "d2", "c2" where space is short)."""
-    name = "guess" if method == PLAIN else _drafter(method).guess_name
+    name = guess_noun(method)
     return f"{name[0]}{depth}" if short else f"{name} {depth}"
 
 

@@ -137,10 +137,10 @@ def lane_table(result: RaceResult) -> str:
 def _against_medusa(result: RaceResult) -> str:
     """Said plainly where another drafter beat Medusa's heads on this prompt."""
     fastest = result.fastest()
-    if "medusa" not in result.drafters or fastest == "medusa":
+    if lanes.MEDUSA not in result.drafters or fastest == lanes.MEDUSA:
         return ""
-    theirs, ours = result.spread(fastest), result.spread("medusa")
-    noise = "; their ranges overlap, so the gap may be noise" if result.overlap(fastest, "medusa") else ""
+    theirs, ours = result.spread(fastest), result.spread(lanes.MEDUSA)
+    noise = "; their ranges overlap, so the gap may be noise" if result.overlap(fastest, lanes.MEDUSA) else ""
     return (f"  \n**Medusa was not the fastest here:** {lanes.in_sentence(fastest)} reached "
             f"**{theirs.median:.2f}×** against Medusa's {ours.median:.2f}× (medians){noise}.")
 

@@ -14,9 +14,10 @@ import gradio as gr
 from gradio.components import Component
 
 from decoding import available_drafters
-from decoding.drafters import DRAFTERS, Drafter
+from decoding.drafters import DRAFTERS, Drafter, setting_high
 from decoding.drafters.medusa_heads import CHOSEN_TREES, named_tree, tree_names
 from decoding.errors import DecodingError
+from decoding.heads import heads_count
 from decoding.model import LoadedModel
 from decoding.race import default_lanes
 from decoding.settings import DecodeSettings, Setting
@@ -34,7 +35,7 @@ TREE_CONTROLS = ("preset", "tree_text", "tree_status")  # shown for a drafter th
 def setting_slider(setting: Setting, model: LoadedModel, visible: bool) -> gr.Slider:
     """A drafter setting's slider, from its declaration: its limits (the page's own where it
     stops sooner), its default, and 0 for "unset" where unset is allowed."""
-    high = model.num_heads if setting.name == "num_heads" else setting.page_high or setting.high
+    high = min(setting_high(model, setting), setting.page_high or setting.high)
     low, value = (PAGE_UNSET, PAGE_UNSET) if setting.unset else (setting.low, setting.default)
     info = f"{PAGE_UNSET}: {setting.unset}" if setting.unset else None
     return gr.Slider(low, high, value=value, step=1, precision=0, label=setting.title,
@@ -66,7 +67,7 @@ def tree_menu(model: LoadedModel) -> list[tuple[str, str]]:
     """(label, name) pairs for the tree preset menu: the trees chosen on this machine, named for
     what they are and what they came to here, then the model's presets. The chosen trees' names
     are the same for every model, so the menu's value never names a tree the next model lacks."""
-    if model.heads is None:
+    if heads_count(model) == 0:
         return []
 
     def label(name: str) -> str:
@@ -87,7 +88,7 @@ def tree_controls(model: LoadedModel, preset: str = PLAYGROUND_TREE) -> dict[str
     choices = named_tree(model, preset).choices
     text = format_choices(choices)
     return {"preset": dict(choices=menu, value=preset), "tree_text": text,
-            "tree_status": describe_tree(text, choices, model.num_heads, model.num_heads)}
+            "tree_status": describe_tree(text, choices, heads_count(model), heads_count(model))}
 
 
 def acceptance_settings() -> dict[str, Component]:
@@ -130,9 +131,11 @@ def _load(name: str) -> LoadedModel:
         raise refusal(e) from e
 
 
+# The drafter settings whose limit is the model's: switching the model resets them.
+MODEL_BOUND_SETTINGS = tuple(s for cls in DRAFTERS.values() for s in cls.settings if s.model_bound)
 # What `switch_model` updates, by name (layout.py maps the names to the components).
-SWITCH_MODEL_OUTPUTS = ("model", "current_model", "model_card", "num_heads", "preset", "tree_text", "tree_status",
-                        "method", "lanes", "train_heads")
+SWITCH_MODEL_OUTPUTS = ("model", "current_model", "model_card", *(s.name for s in MODEL_BOUND_SETTINGS), "preset",
+                        "tree_text", "tree_status", "method", "lanes", "train_heads")
 
 
 def switch_model(name: str, previous: str, method: str) -> dict[str, object]:
@@ -148,7 +151,8 @@ def switch_model(name: str, previous: str, method: str) -> dict[str, object]:
     drafters = available_drafters(model)
     trees = tree_controls(model)
     return {"current_model": name, "model_card": views.model_card(model),
-            "num_heads": gr.Slider(maximum=model.num_heads, value=PAGE_UNSET),
+            **{s.name: gr.Slider(maximum=setting_high(model, s), value=PAGE_UNSET if s.unset else s.default)
+               for s in MODEL_BOUND_SETTINGS},
             "preset": gr.Dropdown(**trees["preset"]), "tree_text": trees["tree_text"],
             "tree_status": trees["tree_status"],
             "method": gr.Radio(choices=lanes.choices(drafters), value=method if method in drafters else drafters[0]),
@@ -171,4 +175,5 @@ def preset_text(model_name: str, preset: str) -> str:
 def tree_status(text: str, num_heads: float, model_name: str, preset: str) -> str:
     """The tree editor's status line; the heads slider's PAGE_UNSET means all the model's heads."""
     model = _load(model_name)
-    return describe_tree(text, _named_choices(model, preset), model.num_heads, int(num_heads) or model.num_heads)
+    heads = heads_count(model)
+    return describe_tree(text, _named_choices(model, preset), heads, int(num_heads) or heads)

@@ -25,6 +25,7 @@ from decoding.training.quick_heads import TrainedHeads
 from .charts import acceptance_by_depth, rough_curve_reason
 from .drafter_costs import drafter_comparison
 from .eagle_views import NO_ACCURACY, GuessingAccuracy, after_medusa_values
+from .lanes import MEDUSA
 from .models import heads_recipe
 from .tokens import count, md_code, md_text
 from .training_views import training_step_values
@@ -148,15 +149,15 @@ def divided_as_printed(numerator: float, denominator: float) -> str:
 def medusa_race(race: RaceResult) -> dict[str, RunTrace]:
     """The race whose Medusa speedup is the median: Learn reasons from this one race throughout,
     so its figures divide into each other as written."""
-    return race.races[race.median_index("medusa")]
+    return race.races[race.median_index(MEDUSA)]
 
 
 def race_values(race: RaceResult) -> dict[str, str]:
     """Numbers only measured races give: Medusa's time per round and tokens per pass over every
     race (the totals the Stats tab divides too, so both give one ceiling), and its median speedup
     and range."""
-    ar, medusa = race.timing(PLAIN), race.timing("medusa")
-    cost, verify, spread = round_cost(ar, medusa), verify_cost(ar, medusa), race.spread("medusa")
+    ar, medusa = race.timing(PLAIN), race.timing(MEDUSA)
+    cost, verify, spread = round_cost(ar, medusa), verify_cost(ar, medusa), race.spread(MEDUSA)
     busy = busy_note(race.load, race.threads_before)
     return {
         "races": str(spread.count),
@@ -183,7 +184,7 @@ def two_steps(curve: CostCurve | None, race: RaceResult | None) -> str:
     loaded, on a made-up prefix; the race's over real answers, on the machine as it was then."""
     if curve is None or race is None or PLAIN not in race.lanes:
         return ""
-    step = Timing.of(medusa_race(race)[PLAIN] if "medusa" in race.lanes else race.shown[PLAIN]).seconds_per_round
+    step = Timing.of(medusa_race(race)[PLAIN] if MEDUSA in race.lanes else race.shown[PLAIN]).seconds_per_round
     if not step or abs(step / curve.step_seconds - 1) <= STEPS_DIFFER:
         return ""
     load = race.load
@@ -262,10 +263,10 @@ def _rough(curve: CostCurve) -> str:
 def walkthrough_run(run: RunTrace | None, race: RaceResult | None) -> RunTrace | None:
     """The Medusa run the walkthrough reads: the last run if it used the heads, else the race's
     median Medusa lane, else none (the steps explain the heads, not another drafter)."""
-    if run is not None and run.settings.method == "medusa":
+    if run is not None and run.settings.method == MEDUSA:
         return run
-    if race is not None and "medusa" in race.lanes:
-        return medusa_race(race)["medusa"]
+    if race is not None and MEDUSA in race.lanes:
+        return medusa_race(race)[MEDUSA]
     return None
 
 
@@ -275,7 +276,7 @@ def explainer_values(run: RunTrace | None, race: RaceResult | None,
     values = {"two_steps": "", "race_busy": ""}  # sentences said only where they apply
     if medusa is not None and medusa.tree is not None:
         values |= run_values(medusa)
-    if race is not None and "medusa" in race.lanes:
+    if race is not None and MEDUSA in race.lanes:
         values |= race_values(race)
     values["drafter_comparison"] = drafter_comparison(race)
     values |= after_medusa_values(run, race, accuracy)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from decoding.heads import heads_count
 from decoding.trace import RunTrace
 from decoding.training.quick_heads import TrainedHeads, TrainingTrace
 
@@ -82,7 +83,7 @@ def training_figure(trace: TrainingTrace | None, look: Look = LAPTOP) -> go.Figu
 
 def train_choices(model) -> list[tuple[str, str]]:
     """The Train tab's head choices for `model`: each head, then all of them."""
-    return [*((f"Head {k}", str(k)) for k in range(1, model.num_heads + 1)), ("All heads", "all")]
+    return [*((f"Head {k}", str(k)) for k in range(1, heads_count(model) + 1)), ("All heads", "all")]
 
 
 TRAINING_INVITATION = ("*Press **Train** on the Train tab: this step then tells what your head learnt, and how "

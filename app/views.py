@@ -12,12 +12,13 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 
 from decoding import available_drafters
+from decoding.drafters.medusa_heads import fastest_tree_forecast
+from decoding.heads import heads_count
 from decoding.limits import PAGE_LIMITS
 from decoding.model import LoadedModel
 from decoding.race import RaceResult
 from decoding.stats import round_cost, round_end_times, verify_cost
 from decoding.trace import RoundTrace, RunTrace
-from decoding.tree_choice import choose_tree
 
 from . import charts, eagle_views, lanes
 from .eagle_figures import guessing_figure, round_tree_figure
@@ -36,7 +37,7 @@ STOP_REASONS = {"max_new_tokens": "reached Max new tokens", "eos": "the model en
 
 def model_card(model: LoadedModel) -> str:
     drafters = ", ".join(label for label, _ in lanes.choices(available_drafters(model), short=True))
-    return (f"**{md_text(describe(model.name))}** · {model.num_heads} heads · {model.device} · "
+    return (f"**{md_text(describe(model.name))}** · {heads_count(model)} heads · {model.device} · "
             f"{str(model.dtype).removeprefix('torch.')} · context {model.context_length} tokens · "
             f"guesses from: {drafters}{expectation(model)}")
 
@@ -45,11 +46,10 @@ def expectation(model: LoadedModel) -> str:
     """What Medusa can show on this model and machine, before anything runs: the tokens a pass its
     heads' held-out accuracy promises, over what a pass of the tree chosen by it costs here
     (measured when the model loaded). Empty where either was not measured."""
-    if model.head_accuracy is None or model.cost_curve is None:
+    choice = fastest_tree_forecast(model)
+    if choice is None:
         return ""
-    curve = model.cost_curve
-    choice = choose_tree(model.head_accuracy, curve)
-    reason = charts.rough_curve_reason(curve)
+    reason = charts.rough_curve_reason(model.cost_curve)
     noisy = f"; the machine was busy then ({reason}), so this is rough" if reason else ""
     return (f"  \n**What to expect here**, with the fastest tree here ({md_text(choice.name)}): Medusa's heads "
             f"guess about {choice.expected_tokens:.2f} tokens a pass (their held-out accuracy), and a round costs "

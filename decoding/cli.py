@@ -292,15 +292,16 @@ def cmd_quick_train(args: argparse.Namespace) -> int:
     """What the page's Train tab does, at the command line: read, train for --seconds, measure."""
     from dataclasses import replace
 
+    from .heads import MEDUSA, heads_count
     from .limits import PAGE_LIMITS
     from .training.quick_heads import TrainedHeads, train_heads_live
 
     _set_threads(args)
-    lm = _load(args, ["medusa"])
+    lm = _load(args, [MEDUSA])
     limits = replace(PAGE_LIMITS, train_seconds=max(args.seconds, PAGE_LIMITS.train_seconds), train_tokens=args.tokens,
                      train_read_seconds=args.read_seconds)
     trace = None
-    for update in train_heads_live(lm, _learned_heads(args.learn, lm.num_heads), args.seconds, limits):
+    for update in train_heads_live(lm, _learned_heads(args.learn, heads_count(lm)), args.seconds, limits):
         if isinstance(update, TrainedHeads):
             break
         trace = update

@@ -37,6 +37,7 @@ import torch
 from .atomic import write_atomically
 from .features import FINAL_STATE
 from .fetch import cache_root
+from .heads import heads_count, medusa_part
 from .kv_cache import compact_cache, new_cache
 from .machine_load import BUSY_CORES, LoadMeter
 from .model import LoadedModel
@@ -102,7 +103,8 @@ def measure_cost_curve(lm: LoadedModel, sizes: tuple[int, ...] = CURVE_SIZES, pa
     prefix = torch.randint(0, vocab, (past,), generator=generator).tolist()
     tokens = torch.randint(0, vocab, (max(sizes),), generator=generator).to(lm.device)
     cache = new_cache(lm.model.config, for_trees=True)
-    _, hidden = run_model(lm, prefix, cache, last_only=True, hidden_layers=FINAL_STATE if lm.heads is not None else ())
+    reads = FINAL_STATE if medusa_part(lm) is not None else ()
+    _, hidden = run_model(lm, prefix, cache, last_only=True, hidden_layers=reads)
     trees = {size: _curve_tree(size) for size in sizes if size > 1}
 
     def one_pass(size: int) -> float:
@@ -137,13 +139,14 @@ def measure_cost_curve(lm: LoadedModel, sizes: tuple[int, ...] = CURVE_SIZES, pa
 
 def _draft_seconds(lm: LoadedModel, hidden: torch.Tensor | None, repeats: int) -> float:
     """The median time the heads take to guess for the paper's tree: Medusa's drafting per round."""
-    if lm.heads is None or hidden is None:
+    part = medusa_part(lm)
+    if part is None or hidden is None:
         return 0.0
     # The paper's tree, cut to the heads there are and to the ranks their vocabulary has.
-    guessable = lm.heads.config.draft_vocab_size or lm.heads.config.vocab_size
-    tree = Tree.pruned([path for path in MC_SIM_7B_63 if max(path) < guessable], lm.num_heads, "curve-draft")
-    draft(lm, hidden, tree, root=0, with_probs=False)
-    return statistics.median(_time(lm.device, lambda: draft(lm, hidden, tree, root=0, with_probs=False))
+    guessable = part.heads.config.draft_vocab_size or part.heads.config.vocab_size
+    tree = Tree.pruned([path for path in MC_SIM_7B_63 if max(path) < guessable], part.num_heads, "curve-draft")
+    draft(lm, part, hidden, tree, root=0, with_probs=False)
+    return statistics.median(_time(lm.device, lambda: draft(lm, part, hidden, tree, root=0, with_probs=False))
                              for _ in range(repeats))
 
 
@@ -167,7 +170,7 @@ def curve_key(lm: LoadedModel) -> str:
         "torch": torch.__version__, "model": lm.name,
         "parameters": sum(p.numel() for p in lm.model.parameters()),
         "dtype": str(lm.dtype), "attention": lm.model.config._attn_implementation,
-        "heads": lm.num_heads, "sizes": list(CURVE_SIZES), "past": PAST, "version": CURVE_VERSION,
+        "heads": heads_count(lm), "sizes": list(CURVE_SIZES), "past": PAST, "version": CURVE_VERSION,
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
 

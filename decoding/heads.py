@@ -25,14 +25,23 @@ draft vocabulary can only be missed, never wrongly accepted.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .assets import HEADS_CONFIG, read_heads_config
+from .packed_linear import PackedLinear, can_pack
+
+if TYPE_CHECKING:
+    from .model import LoadedModel
+
+# The medusa drafter's name, and the key of its part in `LoadedModel.parts`.
+MEDUSA = "medusa"
 
 WEIGHTS_NAME = "medusa_heads.safetensors"
 
@@ -73,7 +82,7 @@ class TransposedLinear(nn.Module):
     vocabulary matrix, PyTorch's CPU kernels stream the (in, out) layout several times faster
     (measured on this project's CPU: 2 rows x 8192 x 256 in 0.45 ms against 1.7 ms, weights
     not in cache). Same weights, same product. Where oneDNN can pack the weights (float32) the
-    packed copy is faster still and is used instead (see `model.few_rows_projection`).
+    packed copy is faster still and is used instead (see `few_rows_projection`).
     """
 
     def __init__(self, linear: nn.Linear) -> None:
@@ -84,6 +93,21 @@ class TransposedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = x @ self.weight_t
         return out if self.bias is None else out + self.bias
+
+
+def few_rows_projection(linear: nn.Module) -> nn.Module:
+    """A vocabulary projection laid out for the 1-16 rows a draft multiplies by it, on a CPU.
+
+    Packed once for oneDNN where that works (float32: see packed_linear.py), else stored
+    transposed (see TransposedLinear): both multiply a few rows several times faster than
+    nn.Linear's own layout. A layer that is not a plain CPU nn.Linear (a GPU's, or one already
+    packed) is returned as it is.
+    """
+    if type(linear) is not nn.Linear or linear.weight.device.type != "cpu":
+        return linear
+    if can_pack(linear):
+        return PackedLinear(linear, one_row_packed=True)
+    return TransposedLinear(linear)
 
 
 def vocabulary_rows(lm_head: nn.Linear, token_ids: torch.Tensor) -> nn.Linear:
@@ -210,3 +234,47 @@ class MedusaHeads(nn.Module):
         heads = cls(HeadsConfig(**{k: meta[k] for k in fields if k in meta}))
         heads.load_state_dict(load_file(str(directory / WEIGHTS_NAME)))
         return heads, meta
+
+
+@dataclass
+class MedusaPart:
+    """What the medusa drafter drafts with, as `LoadedModel.parts` holds it: the heads, how often
+    each head's rank-r guess was right on held-out text (`accuracy[h][r]`, when saved with them:
+    `--tree auto` grows its trees from it, see tree_choice.py), and the base model's lm_head."""
+
+    heads: MedusaHeads
+    accuracy: list[list[float]] | None
+    base_lm_head: nn.Module = field(repr=False)
+
+    @property
+    def num_heads(self) -> int:
+        return self.heads.num_heads
+
+    @cached_property
+    def lm_head(self) -> nn.Module:
+        """The vocabulary projection shared-lm_head heads draft through: the lm_head's rows for
+        the heads' draft vocabulary (all of them when the heads have none).
+
+        On a CPU it is a copy laid out for products of a few rows (see `few_rows_projection`),
+        made on the first draft. On a GPU there is nothing to gain, and a 7B model's copy would
+        cost hundreds of MB, so there it is the lm_head itself.
+        """
+        if not self.heads.config.shared_lm_head:
+            return self.base_lm_head
+        return few_rows_projection(self.heads.draft_projection(self.base_lm_head))
+
+
+def medusa_part(lm: LoadedModel) -> MedusaPart | None:
+    """The model's Medusa heads and what goes with them, or None when it was loaded without."""
+    return lm.parts.get(MEDUSA)
+
+
+def heads_count(lm: LoadedModel) -> int:
+    """How many Medusa heads the model has (0 without)."""
+    part = medusa_part(lm)
+    return 0 if part is None else part.num_heads
+
+
+def with_heads(lm: LoadedModel, heads: MedusaHeads, accuracy: list[list[float]] | None = None) -> LoadedModel:
+    """A copy of `lm` that drafts with other heads (the shipped ones are left as they are)."""
+    return lm.with_part(MEDUSA, MedusaPart(heads, accuracy, lm.model.get_output_embeddings()))

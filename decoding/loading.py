@@ -10,22 +10,22 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel
 
-from .assets import EMBEDDED_MODELS_DIR
+from .assets import EMBEDDED_MODELS_DIR, read_heads_config
 from .assets import HEADS_CONFIG as OWN_HEADS_CONFIG
 from .attention import GATHERED, can_gather
-from .checkpoints import find_heads, is_v01_directory, v01_base_model
+from .checkpoints import is_v01_directory, v01_base_model
 from .drafters import DRAFTERS, ModelFiles, drafter_class
-from .drafters.medusa_heads import MedusaHeadsDrafter
 from .errors import DecodingError
 from .fetch import WHEEL_MODELS, fetched_dir, is_fetched
+from .heads import MEDUSA
 from .model import LoadedModel, stop_token_ids
-from .model_files import context_length, download, is_hub_id, load_causal_lm, load_tokenizer, local_or_hub
+from .model_files import context_length, download, is_hub_id, load_causal_lm, load_tokenizer
 from .one_kernel_linear import use_one_kernel
 from .packed_linear import pack_linear_layers
 from .precision import choose_cpu_dtype, fits_in_caches
@@ -211,53 +211,44 @@ def _resolve(name_or_path: str | Path | None, heads: str | Path | None) -> _Sour
     return _Sources(name, path, heads_dir)
 
 
-def _accuracy_table(meta: dict) -> list[list[float]] | None:
-    """The heads' measured accuracy per rank (`acc[head][rank]`), if saved and well formed."""
-    table = meta.get("accuracy")
-    rows_ok = isinstance(table, list) and table and all(isinstance(row, list) and row for row in table)
-    if not rows_ok or len({len(row) for row in table}) != 1:
-        return None
-    if not all(isinstance(a, int | float) and 0.0 <= a <= 1.0 for row in table for a in row):
-        return None
-    return [[float(a) for a in row] for row in table]
-
-
 SMALL_MODEL_REASON = "float32: the model is small enough to sit in the processor's caches"
 
 
 def _assemble(files: _Sources, model: PreTrainedModel, tokenizer: object, device: torch.device, dtype: torch.dtype,
-              attention: str, with_heads: bool, pack_linear: bool, dtype_reason: str) -> tuple[LoadedModel, dict]:
-    """The model in `dtype`, with the attention and linear layers that dtype runs and its Medusa
-    heads (if wanted), as a LoadedModel; and the heads' saved metadata."""
+              attention: str, pack_linear: bool, dtype_reason: str) -> LoadedModel:
+    """The model in `dtype`, with the attention and linear layers that dtype runs, as a LoadedModel
+    with no drafter's part yet."""
     model.to(dtype)
     implementation = resolve_attention(attention, device, dtype, can_gather(model), model.config.model_type)
     if implementation is not None:
         model.set_attn_implementation(implementation)
     if implementation == GATHERED and device.type == "cpu" and dtype != torch.float32:
         use_one_kernel(model)  # the linear layers' half of an exact pass (one_kernel_linear.py)
-    # The heads are the model's own: their config also names its trees and what ships beside them.
-    medusa_heads, meta = find_heads(files.heads, model) if with_heads else (None, {})
-    if medusa_heads is not None:
-        medusa_heads = medusa_heads.to(device=device, dtype=dtype).eval().requires_grad_(False)
     if pack_linear:
         pack_linear_layers(model)
-    loaded = LoadedModel(
+    return LoadedModel(
         name=files.name,
         model=model,
         tokenizer=tokenizer,
-        heads=medusa_heads,
         device=device,
         dtype=dtype,
         context_length=context_length(model.config),
-        trees={**TREE_PRESETS, **meta.get("trees", {})},
-        default_tree=meta.get("default_tree") or files.tree or default_tree(device),
+        trees=dict(TREE_PRESETS),
+        default_tree=files.tree or default_tree(device),
         eos_token_ids=stop_token_ids(model.generation_config),
         dtype_reason=dtype_reason,
-        head_accuracy=_accuracy_table(meta),
         prompt_template=files.prompt_template,
         use_chat_template=files.prompt_template == "{prompt}" and bool(getattr(tokenizer, "chat_template", None)),
     )
-    return loaded, meta
+
+
+def _load_parts(lm: LoadedModel, names: list[str], sources: Mapping[str, str | Path | None], files: ModelFiles) -> None:
+    """Each named drafter loads what it drafts with onto `lm`: from `sources`, else as shipped."""
+    for name in names:
+        cls = DRAFTERS[name]
+        source = sources.get(name) or cls.shipped(files)
+        if source is not None:
+            cls.load(lm, source, files)
 
 
 def load_model(
@@ -288,46 +279,53 @@ def load_model(
     for what, value in (("the model", name_or_path), ("heads", heads), *sources.items()):
         if value is not None and not isinstance(value, str | Path):
             raise DecodingError(f"{what}: a name, a directory or a hub id, not {value!r}")
+    if heads is not None and sources.get(MEDUSA):
+        raise DecodingError(f"the Medusa heads are given twice: pass heads= or sources[{MEDUSA!r}], not both")
     wanted = list(DRAFTERS) if drafters is None else _known_drafters(drafters)
     files = _resolve(name_or_path, heads)
-    # The Medusa heads are read with the model (below); the other drafters' parts once it is loaded.
-    medusa = MedusaHeadsDrafter.name
-    heads_files = _heads_from(files, sources.get(medusa), heads) if medusa in wanted else files
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     model = load_causal_lm(files.model, torch_device, torch_dtype)
     gatherable, model_type = can_gather(model), model.config.model_type
     tokenizer = load_tokenizer(files.model)
+    # Every drafter's part ships beside the model's heads, or where their config says (relative to them).
+    model_files = ModelFiles(files.heads, shipped_config(files.heads), files.registered, pack_linear)
+    # The parts the dtype choice weighs are loaded onto each dtype it measures; the others' once it is chosen.
+    weighed = [name for name in wanted if DRAFTERS[name].weighs_in_dtype_choice]
 
-    def assemble(model: PreTrainedModel, dtype: torch.dtype, reason: str = "") -> tuple[LoadedModel, dict]:
-        return _assemble(heads_files, model, tokenizer, torch_device, dtype, attention, medusa in wanted,
-                         pack_linear, reason)
+    def assemble(model: PreTrainedModel, dtype: torch.dtype, reason: str = "") -> LoadedModel:
+        loaded = _assemble(files, model, tokenizer, torch_device, dtype, attention, pack_linear, reason)
+        _load_parts(loaded, weighed, sources, model_files)
+        return loaded
 
     if torch_dtype is not None:
         asked_half = not gatherable and torch_device.type == "cpu" and torch_dtype != torch.float32
-        loaded, meta = assemble(model, torch_dtype, ungathered_reason(model_type, torch_dtype, chosen=False)
-                                if asked_half else "")
+        loaded = assemble(model, torch_dtype, ungathered_reason(model_type, torch_dtype, chosen=False)
+                          if asked_half else "")
     elif not gatherable:
-        loaded, meta = assemble(model, torch.float32, ungathered_reason(model_type, torch.float32, chosen=True))
+        loaded = assemble(model, torch.float32, ungathered_reason(model_type, torch.float32, chosen=True))
     elif fits_in_caches(model):
-        loaded, meta = assemble(model, torch.float32, SMALL_MODEL_REASON)
+        loaded = assemble(model, torch.float32, SMALL_MODEL_REASON)
     else:  # measure what decoding costs in each (precision.py); the half copy first, the float32 one is packed
         half = assemble(copy.deepcopy(model).to(torch.bfloat16), torch.bfloat16)
         candidates = {torch.bfloat16: half, torch.float32: assemble(model, torch.float32)}
-        chosen, reason = choose_cpu_dtype({dtype: lm for dtype, (lm, _) in candidates.items()})
-        loaded, meta = candidates[chosen]
+        chosen, reason = choose_cpu_dtype(candidates)
+        loaded = candidates[chosen]
         loaded.dtype_reason = reason
     if self_test:
         check_tree_attention(loaded)
-    # The other drafters' parts ship beside the model's own heads, or where those heads' config
-    # says (relative to them); the config of heads from `sources` says nothing of the model's.
-    model_files = ModelFiles(files.heads, meta if heads_files is files else {}, files.registered, pack_linear)
-    for name in wanted:
-        cls = DRAFTERS[name]
-        source = sources.get(name) or cls.shipped(model_files)
-        if source is not None:
-            cls.load(loaded, source, model_files)
+    _load_parts(loaded, [name for name in wanted if name not in weighed], sources, model_files)
     return loaded
+
+
+def shipped_config(heads_dir: Path) -> dict:
+    """The project's heads config in `heads_dir`, which names what else ships with the model; {}
+    where there is none (or it cannot be read: the Medusa drafter then says why, if it is wanted)."""
+    try:
+        config = read_heads_config(heads_dir)
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 def _known_sources(sources: object) -> dict[str, str | Path | None]:
@@ -336,20 +334,10 @@ def _known_sources(sources: object) -> dict[str, str | Path | None]:
         return {}
     if not isinstance(sources, Mapping):
         raise DecodingError(f"sources must map drafter names to a directory or hub id, such as "
-                            f"{{'eagle': 'path/to/eagle'}}, not {sources!r}")
+                            f"{{{next(iter(DRAFTERS))!r}: 'path/to/it'}}, not {sources!r}")
     for name in sources:
         drafter_class(name)
     return dict(sources)
-
-
-def _heads_from(files: _Sources, source: str | Path | None, heads: str | Path | None) -> _Sources:
-    """`files` with the Medusa heads read from `sources["medusa"]` where one is given, in place of
-    the shipped ones: a directory without heads is then refused (`find_heads`), never passed over."""
-    if not source:
-        return files
-    if heads is not None:
-        raise DecodingError("the Medusa heads are given twice: pass heads= or sources['medusa'], not both")
-    return replace(files, heads=local_or_hub(source, "Medusa heads"))
 
 
 def _known_drafters(names: Collection[str]) -> list[str]:

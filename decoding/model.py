@@ -1,5 +1,5 @@
 """`LoadedModel`: a model with its tokenizer and what drafts for it (Medusa heads, an EAGLE head,
-a draft model: each drafter loads its own, see drafters/), ready to decode.
+a draft model...: each drafter loads its own into `parts`, see drafters/), ready to decode.
 
 A plain data type: it reads no files and fetches nothing (`loading.py` builds one). The passes,
 the round loops and the load-time self-test all take it, so it lives apart from the module that
@@ -8,32 +8,28 @@ does file and hub I/O.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
-from torch import nn
 from transformers import GenerationConfig, PreTrainedModel
 
 from .attention import GATHERED
-from .eagle import EagleHead
-from .heads import MedusaHeads, TransposedLinear, vocabulary_rows
 from .kv_cache import attention_layer_types
-from .packed_linear import PackedLinear, can_pack
 from .trace import CostCurve
 
 
 @dataclass
 class LoadedModel:
-    """A model with its tokenizer, heads and draft model (each where it has one), ready to
-    decode. The app reads only the fields that describe it (see app/__init__.py); the engine's
-    passes and loops use the rest."""
+    """A model with its tokenizer and what each of its drafters drafts with, ready to decode.
+    The app reads only the fields that describe it (see app/__init__.py); the engine's passes
+    and loops use the rest."""
 
     name: str
     model: PreTrainedModel
     tokenizer: object
-    heads: MedusaHeads | None  # None when loaded for plain decoding only
     device: torch.device
     dtype: torch.dtype
     context_length: int
@@ -43,21 +39,10 @@ class LoadedModel:
     prompt_template: str = "{prompt}"
     # Chat models read a prompt wrapped in their tokenizer's chat template (see encode_prompt).
     use_chat_template: bool = False
-    # A smaller model over the same tokenizer, for the draft-model drafter (itself a LoadedModel,
-    # without heads or a draft of its own); None when there is none.
-    draft: LoadedModel | None = None
-    # A one-layer EAGLE draft over the model's features (see eagle.py), for the eagle drafter.
-    eagle: EagleHead | None = None
     # Why the model runs in `dtype` here, in a sentence; empty when the user named the dtype.
     dtype_reason: str = ""
-    # acc[h][r]: how often head h+1's rank-r guess was right on held-out text, when the heads
-    # were saved with it; `--tree auto` grows its trees from it (see tree_choice.py).
-    head_accuracy: list[list[float]] | None = None
-    # How often EAGLE's depth-d guess was right on held-out text, given the guesses before it
-    # were (its own saved record), when it has one.
-    eagle_accuracy: list[float] | None = None
-    # What a drafter drafts with, by the drafter's name, for a drafter that keeps it here (the MTP
-    # modules); Medusa's heads, EAGLE's head and the draft model still have fields of their own.
+    # What each drafter drafts with, by the drafter's name, as its own module loaded it (Medusa's
+    # heads, EAGLE's head, the draft model...); a drafter without its part here is not offered.
     parts: dict[str, object] = field(default_factory=dict)
     # What a T-token pass costs here, once measured (see cost_curve.py).
     cost_curve: CostCurve | None = None
@@ -65,33 +50,13 @@ class LoadedModel:
     plain_rivals: dict[str, LoadedModel] | None = None
     _token_texts: dict[int, str] = field(default_factory=dict, repr=False)
 
-    @property
-    def num_heads(self) -> int:
-        return 0 if self.heads is None else self.heads.num_heads
-
-    @cached_property
-    def draft_lm_head(self) -> nn.Module:
-        """The vocabulary projection shared-lm_head heads draft through: the lm_head's rows for
-        the heads' draft vocabulary (all of them when the heads have none).
-
-        On a CPU it is a copy laid out for products of a few rows (see `few_rows_projection`).
-        On a GPU there is nothing to gain, and a 7B model's copy would cost hundreds of MB, so
-        there it is the lm_head itself. It is computed once, for the heads the model was made
-        with: to try other heads, decode with a copy, `dataclasses.replace(lm, heads=other)`,
-        which computes its own.
-        """
-        lm_head = self.model.get_output_embeddings()
-        if not self.heads.config.shared_lm_head:
-            return lm_head
-        return few_rows_projection(self.heads.draft_projection(lm_head))
-
-    @cached_property
-    def eagle_lm_head(self) -> nn.Module:
-        """The lm_head rows of the EAGLE head's draft vocabulary (all rows without one), frozen;
-        on a CPU laid out for the few rows a draft multiplies, like `draft_lm_head`."""
-        lm_head = self.model.get_output_embeddings()
-        rows = lm_head if self.eagle.draft_vocab is None else vocabulary_rows(lm_head, self.eagle.draft_vocab)
-        return few_rows_projection(rows)
+    def with_part(self, drafter: str, part: object | None) -> LoadedModel:
+        """A copy of this model whose `drafter` drafts with `part` (None: a copy without it); this
+        model and its parts are left as they are."""
+        parts = {name: kept for name, kept in self.parts.items() if name != drafter}
+        if part is not None:
+            parts[drafter] = part
+        return dataclasses.replace(self, parts=parts)
 
     @property
     def gathered_attention(self) -> bool:
@@ -126,21 +91,6 @@ class LoadedModel:
             text = self.tokenizer.decode([token])
             self._token_texts[token] = text
         return text
-
-
-def few_rows_projection(linear: nn.Module) -> nn.Module:
-    """A vocabulary projection laid out for the 1-16 rows a draft multiplies by it, on a CPU.
-
-    Packed once for oneDNN where that works (float32: see packed_linear.py), else stored
-    transposed (see TransposedLinear): both multiply a few rows several times faster than
-    nn.Linear's own layout. A layer that is not a plain CPU nn.Linear (a GPU's, or one already
-    packed) is returned as it is.
-    """
-    if type(linear) is not nn.Linear or linear.weight.device.type != "cpu":
-        return linear
-    if can_pack(linear):
-        return PackedLinear(linear, one_row_packed=True)
-    return TransposedLinear(linear)
 
 
 def stop_token_ids(generation_config: GenerationConfig) -> frozenset[int]:

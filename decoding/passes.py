@@ -13,6 +13,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import CacheLayerMixin
 
 from .features import FINAL_STATE, chosen_states
+from .heads import MedusaPart
 from .model import LoadedModel
 from .tree import Tree
 
@@ -64,7 +65,7 @@ def decode_one_token(lm: LoadedModel, token: int, cache: DynamicCache) -> torch.
 
 
 def draft(
-    lm: LoadedModel, hidden: torch.Tensor, tree: Tree, root: int, with_probs: bool = True
+    lm: LoadedModel, part: MedusaPart, hidden: torch.Tensor, tree: Tree, root: int, with_probs: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The top-k guesses of the heads the tree reads, from one hidden state: (depth, k) each.
 
@@ -75,12 +76,12 @@ def draft(
     root get its embedding too (see heads.py).
     """
     root_embedding = None
-    if lm.heads.config.reads_root:
+    if part.heads.config.reads_root:
         root_embedding = lm.model.get_input_embeddings()(torch.tensor([root], device=lm.device))[0]
-    head_logits = lm.heads(hidden, lm_head=lm.draft_lm_head, num_heads=tree.max_depth,
-                           root_embedding=root_embedding).float()
+    head_logits = part.heads(hidden, lm_head=part.lm_head, num_heads=tree.max_depth,
+                             root_embedding=root_embedding).float()
     top_logits, top_guesses = head_logits.topk(tree.top_k, dim=-1)
-    top_tokens = lm.heads.token_ids(top_guesses)
+    top_tokens = part.heads.token_ids(top_guesses)
     if not with_probs:
         return top_tokens, None
     return top_tokens, torch.exp(top_logits - head_logits.logsumexp(dim=-1, keepdim=True))

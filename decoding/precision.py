@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from .cost_curve import model_cost_curve
+from .heads import medusa_part
 from .model import LoadedModel
 from .packed_linear import MIN_TIMED_BYTES
 from .tree_choice import choose_tree
@@ -59,8 +60,9 @@ def estimate(lm: LoadedModel) -> DecodingEstimate:
     (expected tokens a pass over the round's measured cost), or plain decoding if no tree pays."""
     curve = model_cost_curve(lm)
     step = curve.step_seconds
-    if lm.heads is not None and lm.head_accuracy:
-        choice = choose_tree(lm.head_accuracy, curve)
+    part = medusa_part(lm)
+    if part is not None and part.accuracy:
+        choice = choose_tree(part.accuracy, curve)
         if choice.estimated_speedup > 1.0:
             return DecodingEstimate(lm.dtype, step, step / choice.estimated_speedup, f"Medusa on {choice.name}")
     return DecodingEstimate(lm.dtype, step, step, "plain decoding")

@@ -33,7 +33,7 @@ from .errors import DecodingError
 from .machine_load import LoadMeter, MachineLoad
 from .measure import combined, heat_steps, look_at_load, threads_for_load, timed_run
 from .model import LoadedModel
-from .settings import PLAIN, WARM_UP_TOKENS, DecodeSettings
+from .settings import DEFAULT_METHOD, PLAIN, WARM_UP_TOKENS, DecodeSettings
 from .stats import Spread, Timing, draft_cost, speedup, spread
 from .trace import RunTrace
 
@@ -50,9 +50,10 @@ def replay_pace(seconds: float) -> float:
 
 
 def default_lanes(drafters: list[str]) -> list[str]:
-    """The lanes ticked before the visitor picks: Medusa's heads alone beside plain decoding where
-    the model has them (the lesson, in half the wait of every lane); the others on request."""
-    return ["medusa"] if "medusa" in drafters else drafters[:1]
+    """The lanes ticked before the visitor picks: the default drafter (Medusa's heads) alone beside
+    plain decoding where the model has it (the lesson, in half the wait of every lane); the others
+    on request."""
+    return [DEFAULT_METHOD] if DEFAULT_METHOD in drafters else drafters[:1]
 
 
 def lane_order(lanes: list[str], index: int) -> list[str]:

@@ -47,6 +47,7 @@ class Setting:
     unset: str = ""  # what None asks for, where None is allowed
     label: str = ""  # the page's label; the name where empty
     page_high: float | None = None  # the page's slider stops here (the API takes up to `high`)
+    model_bound: bool = False  # the model bounds it further (its drafter's `model_limit`)
 
     @property
     def flag(self) -> str:

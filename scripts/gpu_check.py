@@ -31,6 +31,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from decoding import DecodeSettings, generate
 from decoding.attention import GATHERED
 from decoding.cost_curve import measure_cost_curve
+from decoding.drafters.draft_model import NAME as DRAFT_MODEL
 from decoding.model import LoadedModel
 from decoding.tiny import tiny_config, tiny_tokenizer
 
@@ -53,10 +54,10 @@ def run_engine_tests(out: Path) -> dict:
 
 def wrap(model, tokenizer, device: torch.device, name: str) -> LoadedModel:
     """A base model without heads, for plain decoding and the draft-model drafter (itself)."""
-    lm = LoadedModel(name=name, model=model, tokenizer=tokenizer, heads=None, device=device, dtype=model.dtype,
+    lm = LoadedModel(name=name, model=model, tokenizer=tokenizer, device=device, dtype=model.dtype,
                      context_length=model.config.max_position_embeddings, trees={}, default_tree="",
                      eos_token_ids=frozenset())
-    lm.draft = lm
+    lm.parts[DRAFT_MODEL] = lm
     return lm
 
 

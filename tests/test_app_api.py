@@ -22,8 +22,10 @@ from app.store import cache, write_json
 from app.views import LEARN_FIGURES, STATS_FIGURES
 from app_helpers import on_a_new_thread
 from decoding.drafters import DRAFTERS
+from decoding.drafters.draft_model import NAME as DRAFT_MODEL
 from decoding.drafters.medusa_heads import named_tree
 from decoding.errors import DecodingError
+from decoding.heads import heads_count
 from decoding.limits import PAGE_LIMITS
 from decoding.prompts import example_prompts
 from decoding.tiny import make_tiny_model_dir
@@ -200,10 +202,10 @@ def _settings(model, tree_text: str, num_heads: int, **overrides):
 def test_an_unedited_preset_is_passed_by_name(model):
     """The editor shows a preset cut to the model's heads; that text runs as the preset by name."""
     shown = named_tree(model, model.default_tree).choices
-    assert all(len(path) <= model.num_heads for path in shown)
+    assert all(len(path) <= heads_count(model) for path in shown)
     text = format_choices(shown)
     assert json.loads(text) == shown
-    assert _settings(model, text, model.num_heads).tree == model.default_tree
+    assert _settings(model, text, heads_count(model)).tree == model.default_tree
 
 
 def test_an_edited_tree_is_cut_to_the_heads_in_use(model):
@@ -221,11 +223,11 @@ def test_an_edited_tree_is_cut_to_the_heads_in_use(model):
 ])
 def test_bad_settings_raise_a_readable_error(model, tree_text, overrides, message):
     with pytest.raises(DecodingError, match=message):
-        _settings(model, tree_text, overrides.pop("num_heads", model.num_heads), **overrides)
+        _settings(model, tree_text, overrides.pop("num_heads", heads_count(model)), **overrides)
 
 
 def test_only_the_drafters_a_model_has_are_accepted(model):
-    without_draft = dataclasses.replace(model, draft=None)
+    without_draft = model.with_part(DRAFT_MODEL, None)
     with pytest.raises(DecodingError,
                        match="offers no drafter 'draft-model': choose one of ar, medusa, eagle, mtp, prompt-lookup"):
         decode_settings(without_draft, RunRequest.of(prompt="It is", model=model.name, method="draft-model"))
@@ -240,7 +242,7 @@ def test_only_the_drafters_a_model_has_are_accepted(model):
 
 def test_a_half_edited_tree_blocks_medusa_but_not_the_other_drafters(model):
     for method in ("draft-model", "prompt-lookup"):
-        settings = _settings(model, "[[0], [0", model.num_heads, method=method, draft_tokens=3.0)
+        settings = _settings(model, "[[0], [0", heads_count(model), method=method, draft_tokens=3.0)
         assert settings.method == method and settings.tree == "default" and settings.draft_tokens == 3
     with pytest.raises(DecodingError, match="malformed"):
         decode_settings(model, RunRequest.of(prompt="It is", model=model.name, preset=model.default_tree,
@@ -422,7 +424,7 @@ def test_the_page_refuses_a_huge_tree_before_building_it(model, monkeypatch):
         raise AssertionError("the tree was built")
 
     monkeypatch.setattr(decoding.tree.Tree, "from_choices", never)
-    status = describe_tree(ten_thousand_path_tree(), model.trees[model.default_tree], model.num_heads, 2)
+    status = describe_tree(ten_thousand_path_tree(), model.trees[model.default_tree], heads_count(model), 2)
     assert status.startswith("⚠ the tree has 10001 nodes")
     with pytest.raises(DecodingError, match="10001 nodes"):
         _settings(model, ten_thousand_path_tree(), 2)

@@ -17,6 +17,7 @@ import pytest
 
 from app.layout import PLAY_EVERY
 from decoding.assets import RECORDINGS_ENV
+from decoding.heads import medusa_part
 from decoding.loading import embedded_models, load_model
 from decoding.prompts import example_prompts
 from decoding.tiny import make_tiny_model_dir
@@ -98,7 +99,7 @@ def app_url(tmp_path_factory):
     # A recording of the tiny model's answers, for the Train tab (the page finds it through the environment).
     lm = load_model(str(model))
     recording = write_cycle_recording(tmp_path_factory.mktemp("recording"), lm.tokenizer,
-                                      lm.heads.config.vocab_size, lm.name)
+                                      medusa_part(lm).heads.config.vocab_size, lm.name)
     with pytest.MonkeyPatch.context() as env:
         env.setenv(RECORDINGS_ENV, str(recording))
         with running_app(str(model)) as url:

@@ -17,10 +17,12 @@ from app.drafter_costs import count, draft_passes_per_round, drafter_comparison,
 from app.eagle_figures import CUT_SHOWN, drawn_draft, dynamic_tree_figure, guessing_figure
 from app.eagle_views import GuessingAccuracy, after_medusa_values, kept_count
 from app.figure_style import Look
+from app.lanes import EAGLE, MTP
 from app.models import ModelCache
 from app.text import load_steps, render_steps
 from app.tree_figures import mask_figure
 from app_helpers import SMALL_CHOICES, carries, make_ar_run, make_eagle_run, make_race, make_run, numbers_in
+from decoding.heads import MEDUSA
 from decoding.race import race
 from decoding.settings import DecodeSettings
 
@@ -219,10 +221,11 @@ def after_medusa_step(rendered: list[str]) -> str:
 
 
 def test_the_accuracies_come_from_the_models_describing_fields_only():
-    model = SimpleNamespace(head_accuracy=[[0.4, 0.1], [0.2, 0.05]], eagle_accuracy=[0.6, 0.5], heads=object(),
-                            eagle=object(), draft=None, parts={"mtp": SimpleNamespace(accuracy=[0.7, 0.6])})
+    model = SimpleNamespace(parts={MEDUSA: SimpleNamespace(accuracy=[[0.4, 0.1], [0.2, 0.05]], num_heads=2),
+                                   EAGLE: SimpleNamespace(accuracy=[0.6, 0.5]),
+                                   MTP: SimpleNamespace(accuracy=[0.7, 0.6])})
     assert GuessingAccuracy.of(model) == GuessingAccuracy([0.4, 0.2], [0.6, 0.5], offers_eagle=True, mtp=[0.7, 0.6])
-    bare = SimpleNamespace(head_accuracy=None, eagle_accuracy=None, heads=None, eagle=None, draft=None, parts={})
+    bare = SimpleNamespace(parts={})
     assert GuessingAccuracy.of(bare) == GuessingAccuracy(offers_eagle=False)
     assert GuessingAccuracy.of(None) == GuessingAccuracy()
     cache = ModelCache(keep=1)

@@ -10,6 +10,7 @@ from app import handlers
 from app.store import cache
 from app.text import load_steps, render_steps
 from app.training_views import TRAINING_INVITATION, training_figure, training_status, training_step_values
+from decoding.heads import medusa_part
 from decoding.training.quick_heads import TrainedHeads
 from tests.test_app_api import _page_and_values, tiny_model_dir  # noqa: F401  (a fixture)
 from tests.test_quick_heads import write_cycle_recording
@@ -19,7 +20,7 @@ from tests.test_quick_heads import write_cycle_recording
 def trained_page(tiny_model_dir, tmp_path, monkeypatch):  # noqa: F811
     monkeypatch.setenv("MEDUSA_PLAYGROUND_MODEL", tiny_model_dir)
     model = cache.get(tiny_model_dir)
-    folder = write_cycle_recording(tmp_path, model.tokenizer, model.heads.config.vocab_size, model.name)
+    folder = write_cycle_recording(tmp_path, model.tokenizer, medusa_part(model).heads.config.vocab_size, model.name)
     monkeypatch.setattr("decoding.training.quick_heads.recordings_of", lambda name: [folder])
     page, values = _page_and_values(tiny_model_dir, prompt="It is a truth", max_new_tokens=12)
     values |= {"train_heads": "1", "train_seconds": 2, "trained_state": None, "use_trained": False,
@@ -29,13 +30,13 @@ def trained_page(tiny_model_dir, tmp_path, monkeypatch):  # noqa: F811
 
 def test_train_streams_its_chart_and_keeps_the_heads_in_the_visitors_state(trained_page):
     model, page, values = trained_page
-    shipped = [p.clone() for p in model.heads.parameters()]
+    shipped = [p.clone() for p in medusa_part(model).heads.parameters()]
     updates = list(handlers.train_heads(page, values))
     statuses = [u["train_status"] for u in updates if "train_status" in u]
     assert statuses[0].startswith("Reading answers") and statuses[-1].startswith("**Trained head 1 in")
     trained = updates[-1]["trained_state"]
     assert isinstance(trained, TrainedHeads) and updates[-1]["use_trained"].interactive
-    assert all(torch.equal(a, b) for a, b in zip(shipped, model.heads.parameters(), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(shipped, medusa_part(model).heads.parameters(), strict=True))
     figure = updates[-2]["train_plot"]
     assert [t.name for t in figure.data] == ["head 1, learning", "head 1, fresh start", "head 1, shipped"]
 

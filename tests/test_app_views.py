@@ -23,6 +23,7 @@ from app.text import (
 )
 from app.tokens import md_code, visible
 from app_helpers import SMALL_CHOICES, carries, make_ar_run, make_race, make_run, numbers_in
+from decoding.heads import MEDUSA
 from decoding.race import RaceFrame
 from decoding.stats import round_cost, round_end_times, verify_cost
 from decoding.trace import CostCurve
@@ -413,19 +414,21 @@ def test_near_run_the_page_says_what_this_machine_can_show_from_what_it_measured
     curve = CostCurve(sizes=[1, 2, 4, 8], costs=[1.0, 1.05, 1.2, 1.6], step_seconds=0.05, device="cpu",
                       dtype="float32", threads=2, past=128, measured_at="now", draft_cost=0.05)
     accuracy = [[0.6, 0.1], [0.4, 0.05]]
-    model = SimpleNamespace(head_accuracy=accuracy, cost_curve=curve)
-    said = views.expectation(model)
+    def model(accuracy, cost_curve):  # what the forecast reads of a model: its heads' part and its curve
+        return SimpleNamespace(parts={MEDUSA: SimpleNamespace(accuracy=accuracy)}, cost_curve=cost_curve)
+
+
+    said = views.expectation(model(accuracy, curve))
     choice = choose_tree(accuracy, curve)
     assert carries(said, round(choice.expected_tokens, 2), choice.nodes + 1,
                    round(choice.pass_cost + choice.draft_cost, 2), round(choice.estimated_speedup, 2))
     busy_then = dataclasses.replace(curve, spread=0.6)
-    noisy = views.expectation(SimpleNamespace(head_accuracy=accuracy, cost_curve=busy_then))
+    noisy = views.expectation(model(accuracy, busy_then))
     assert Counter(numbers_in(noisy)) - Counter(numbers_in(said)) == Counter([60])  # the repeats' spread, in %
-    crowded = views.expectation(SimpleNamespace(head_accuracy=accuracy, cost_curve=dataclasses.replace(
-        curve, other_cores=1.2)))
+    crowded = views.expectation(model(accuracy, dataclasses.replace(curve, other_cores=1.2)))
     assert Counter(numbers_in(crowded)) - Counter(numbers_in(said)) == Counter([1.2])  # the others' cores
-    assert views.expectation(SimpleNamespace(head_accuracy=None, cost_curve=curve)) == ""
-    assert views.expectation(SimpleNamespace(head_accuracy=accuracy, cost_curve=None)) == ""
+    assert views.expectation(model(None, curve)) == ""
+    assert views.expectation(model(accuracy, None)) == ""
 
 
 def test_stats_and_learn_give_one_ceiling_and_one_round_cost_for_the_races_shown(run):

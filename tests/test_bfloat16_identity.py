@@ -20,11 +20,14 @@ from transformers import AutoModelForCausalLM, Gemma2Config
 
 from decoding import DecodeSettings, DecodingError, generate, load_model
 from decoding.drafters import DRAFTERS, available_drafters, drafter_class
+from decoding.drafters.draft_model import NAME as DRAFT_MODEL
+from decoding.drafters.eagle import NAME as EAGLE
+from decoding.drafters.eagle import EaglePart
+from decoding.drafters.mtp import NAME as MTP
 from decoding.drafters.mtp import MTPPart
 from decoding.eagle import EagleConfig, EagleHead
-from decoding.heads import HeadsConfig, MedusaHeads
+from decoding.heads import HeadsConfig, MedusaHeads, few_rows_projection
 from decoding.kv_cache import new_cache
-from decoding.model import few_rows_projection
 from decoding.mtp import MTPConfig, MTPModules
 from decoding.passes import decode_one_token, run_model, tree_inputs
 from decoding.tiny import tiny_config, tiny_tokenizer
@@ -70,16 +73,16 @@ def bf16_dirs(tmp_path_factory):
 
 def _load(path: str, attention: str):
     lm = load_model(path, device="cpu", dtype="bfloat16", attention=attention, drafters=("medusa", "eagle"))
-    lm.draft = lm  # the model drafts for itself: long, mostly right chains, wrong at near-ties
+    lm.parts[DRAFT_MODEL] = lm  # the model drafts for itself: long, mostly right chains, wrong at near-ties
     # An untrained EAGLE layer over the model, where its layers allow one (not gpt2's): its guesses
     # are right now and then, its trees vary.
     torch.manual_seed(0)
     with contextlib.suppress(DecodingError):
-        lm.eagle = EagleHead(EagleConfig(lm.model.config.get_text_config().hidden_size, VOCAB), lm.model)
-        lm.eagle = lm.eagle.to(lm.dtype).eval()
+        eagle = EagleHead(EagleConfig(lm.model.config.get_text_config().hidden_size, VOCAB), lm.model)
+        lm.parts[EAGLE] = EaglePart(eagle.to(lm.dtype).eval(), None, lm.model.get_output_embeddings())
     with contextlib.suppress(DecodingError):  # and two untrained MTP modules, likewise
         modules = MTPModules(MTPConfig(lm.model.config.get_text_config().hidden_size, VOCAB, depth=2), lm.model)
-        lm.parts["mtp"] = MTPPart(modules.to(lm.dtype).eval(), few_rows_projection(lm.model.get_output_embeddings()),
+        lm.parts[MTP] = MTPPart(modules.to(lm.dtype).eval(), few_rows_projection(lm.model.get_output_embeddings()),
                                   None)
     return lm
 

@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from decoding import DecodingError, load_model
 from decoding.cli import main
-from decoding.heads import HeadsConfig, MedusaHeads, TransposedLinear
+from decoding.heads import HeadsConfig, MedusaHeads, TransposedLinear, heads_count, medusa_part
 from test_lossless import with_heads
 
 NUM_HEADS = 5  # the published v0.1 config says 2; the weights say 5, and the weights win
@@ -19,7 +19,7 @@ NUM_HEADS = 5  # the published v0.1 config says 2; the weights say 5, and the we
 
 @pytest.fixture()
 def reference_heads(tiny_llama):
-    c = tiny_llama.heads.config
+    c = medusa_part(tiny_llama).heads.config
     heads = MedusaHeads(HeadsConfig(NUM_HEADS, 1, c.hidden_size, c.vocab_size))
     torch.manual_seed(7)
     with torch.no_grad():
@@ -57,14 +57,14 @@ def write_v01(directory, heads, base_dir, suffix):
 def test_v01_heads_directory(tmp_path, tiny_dirs, reference_heads, suffix):
     write_v01(tmp_path / "heads", reference_heads, tiny_dirs["llama"], suffix)
     lm = load_model(str(tmp_path / "heads"))
-    assert_same_heads(lm.heads, reference_heads)
-    assert lm.num_heads == NUM_HEADS
+    assert_same_heads(medusa_part(lm).heads, reference_heads)
+    assert heads_count(lm) == NUM_HEADS
 
 
 def test_v01_heads_given_separately(tmp_path, tiny_dirs, reference_heads):
     write_v01(tmp_path / "heads", reference_heads, "unused", ".pt")
     lm = load_model(str(tiny_dirs["llama"]), heads=str(tmp_path / "heads"))
-    assert_same_heads(lm.heads, reference_heads)
+    assert_same_heads(medusa_part(lm).heads, reference_heads)
 
 
 def test_v10_whole_model_layout(tmp_path, tiny_dirs, reference_heads):
@@ -80,7 +80,7 @@ def test_v10_whole_model_layout(tmp_path, tiny_dirs, reference_heads):
     config.update(medusa_num_heads=NUM_HEADS, medusa_num_layers=1)
     (target / "config.json").write_text(json.dumps(config))
     lm = load_model(str(target))
-    assert_same_heads(lm.heads, reference_heads)
+    assert_same_heads(medusa_part(lm).heads, reference_heads)
 
 
 def test_shared_lm_head_variant(tmp_path, tiny_dirs, reference_heads):
@@ -90,11 +90,12 @@ def test_shared_lm_head_variant(tmp_path, tiny_dirs, reference_heads):
     save_file(state, str(tmp_path / "heads" / "medusa_lm_head.safetensors"))
     (tmp_path / "heads" / "config.json").write_text(json.dumps({"base_model_name_or_path": str(tiny_dirs["llama"])}))
     lm = load_model(str(tmp_path / "heads"))
-    assert lm.heads.config.shared_lm_head and lm.num_heads == NUM_HEADS
-    hidden = torch.randn(lm.heads.config.hidden_size)
+    heads = medusa_part(lm).heads
+    assert heads.config.shared_lm_head and heads_count(lm) == NUM_HEADS
+    hidden = torch.randn(heads.config.hidden_size)
     lm_head = lm.model.get_output_embeddings()
     expected = lm_head(reference_heads.heads[2][0](hidden))
-    torch.testing.assert_close(lm.heads(hidden, lm_head=lm_head)[2], expected)
+    torch.testing.assert_close(heads(hidden, lm_head=lm_head)[2], expected)
 
 
 def test_own_layout_round_trip(tmp_path, reference_heads):
@@ -254,10 +255,9 @@ def test_published_models_are_offered_where_their_weights_fit(monkeypatch, gpu_g
 
 def test_the_draft_projection_follows_the_heads(tiny_llama):
     """It is cached per model; a copy with other heads computes its own, for its heads."""
-    fresh = type(tiny_llama).draft_lm_head.func  # the computation the cache remembers
-    ours = tiny_llama.draft_lm_head
-    other = with_heads(tiny_llama, MedusaHeads(HeadsConfig(2, 1, 64, 320, shared_lm_head=True, draft_vocab_size=8)))
-    assert "draft_lm_head" not in vars(other)
-    assert type(other.draft_lm_head) is type(fresh(other))
-    assert other.draft_lm_head(torch.zeros(1, 64)).shape == (1, 8)  # the rows of its own draft vocabulary
-    assert tiny_llama.draft_lm_head is ours
+    ours = medusa_part(tiny_llama).lm_head
+    other = medusa_part(with_heads(tiny_llama, MedusaHeads(HeadsConfig(2, 1, 64, 320, shared_lm_head=True,
+                                                                       draft_vocab_size=8))))
+    assert "lm_head" not in vars(other)  # computed on first use, for these heads
+    assert other.lm_head(torch.zeros(1, 64)).shape == (1, 8)  # the rows of its own draft vocabulary
+    assert medusa_part(tiny_llama).lm_head is ours

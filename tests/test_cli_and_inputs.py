@@ -15,6 +15,7 @@ import pytest
 from decoding import DecodeSettings, DecodingError, RoundTrace, RunSettings, RunTrace, generate, load_model
 from decoding.cli import main
 from decoding.drafters import check_settings
+from decoding.heads import heads_count, medusa_part
 from decoding.trace import RENAMED_ROUND_FIELDS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -301,7 +302,7 @@ def test_plain_decoding_runs_on_a_model_without_heads(capsys, tiny_dirs, tmp_pat
 
 def test_a_model_loaded_without_heads_refuses_medusa_clearly(tiny_dirs):
     lm = load_model(str(tiny_dirs["gpt2"]), drafters=("eagle", "draft-model", "prompt-lookup"))
-    assert lm.heads is None and lm.num_heads == 0
+    assert medusa_part(lm) is None and heads_count(lm) == 0
     assert generate(lm, "It is", DecodeSettings(method="ar", max_new_tokens=3)).tokens
     with pytest.raises(DecodingError, match="without Medusa heads"):
         generate(lm, "It is", DecodeSettings(max_new_tokens=3))
@@ -352,7 +353,7 @@ def test_a_missing_model_or_settings_is_a_clear_error(tiny_llama):
 
 def test_load_model_takes_a_path_for_the_model_as_for_the_heads(tiny_dirs):
     lm = load_model(tiny_dirs["gpt2"], heads=tiny_dirs["gpt2"], self_test=False, drafters=("medusa", "eagle"))
-    assert lm.name == str(tiny_dirs["gpt2"]) and lm.heads is not None
+    assert lm.name == str(tiny_dirs["gpt2"]) and medusa_part(lm) is not None
 
 
 @pytest.mark.parametrize("seed", [str(2**70), "-1"])

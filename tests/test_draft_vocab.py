@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from decoding import DecodeSettings, generate
 from decoding.cli import main
-from decoding.heads import HeadsConfig, MedusaHeads
+from decoding.heads import HeadsConfig, MedusaHeads, medusa_part
 from decoding.tiny import tiny_model
 from decoding.training.answers import Answers, answers_from, load_answers
 from decoding.training.recorded import (
@@ -39,7 +39,7 @@ NEW_TOKENS = 40
 def vocab_heads(lm, draft_vocab: torch.Tensor, seed: int, reads_root: bool = False) -> MedusaHeads:
     """Shared-lm_head heads that guess among `draft_vocab` only (and read the root token, if
     asked), perturbed at random."""
-    c = lm.heads.config
+    c = medusa_part(lm).heads.config
     heads = MedusaHeads(HeadsConfig(c.num_heads, 1, c.hidden_size, c.vocab_size, shared_lm_head=True,
                                     draft_vocab_size=len(draft_vocab), reads_root=reads_root))
     heads.draft_vocab.copy_(draft_vocab)
@@ -56,7 +56,8 @@ def vocab_heads(lm, draft_vocab: torch.Tensor, seed: int, reads_root: bool = Fal
        size=st.sampled_from([8, 64, 200]), arch=st.sampled_from(["llama", "qwen2"]), reads_root=st.booleans())
 def test_truncated_vocab_drafting_is_lossless(tiny_models, prompt, choices, seed, size, arch, reads_root):
     lm = tiny_models[arch]
-    vocab = torch.randperm(lm.heads.config.vocab_size, generator=torch.Generator().manual_seed(seed))[:size]
+    vocab_size = medusa_part(lm).heads.config.vocab_size
+    vocab = torch.randperm(vocab_size, generator=torch.Generator().manual_seed(seed))[:size]
     if max(max(p) for p in choices) >= size:
         choices = [[min(r, size - 1) for r in p] for p in choices]
         choices = [list(p) for p in sorted({tuple(p) for p in choices}, key=lambda p: (len(p), p))]

@@ -19,7 +19,8 @@ from transformers import AutoModelForCausalLM
 from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
 from decoding import DecodeSettings, DecodingError, RunTrace, generate
-from decoding.drafters import check_settings
+from decoding.drafters import Drafter, check_settings
+from decoding.drafters.draft_model import NAME as DRAFT_MODEL
 from decoding.drafters.draft_model import load_draft_model
 from decoding.drafters.prompt_lookup import find_continuation
 from decoding.loading import load_model
@@ -43,7 +44,7 @@ def noisy_draft(lm: LoadedModel, directory, noise: float, seed: int) -> LoadedMo
     with torch.no_grad():
         for p in model.parameters():
             p.add_(noise * torch.randn(p.shape, generator=generator))
-    return dataclasses.replace(lm, name="noisy draft", model=model, heads=None, draft=None, _token_texts={})
+    return dataclasses.replace(lm, name="noisy draft", model=model, parts={}, _token_texts={})
 
 
 def assert_guesses_are_the_drafts_own(lm: LoadedModel, trace: RunTrace, length: int) -> None:
@@ -52,7 +53,8 @@ def assert_guesses_are_the_drafts_own(lm: LoadedModel, trace: RunTrace, length: 
     written = trace.prompt_tokens + [trace.prefill_token]
     for rnd in trace.rounds:
         ids = torch.tensor([written])
-        expected = lm.draft.model.generate(ids, do_sample=False, max_new_tokens=length, min_new_tokens=length)
+        draft = lm.parts[DRAFT_MODEL].model
+        expected = draft.generate(ids, do_sample=False, max_new_tokens=length, min_new_tokens=length)
         assert [g[0] for g in rnd.guesses] == expected[0, ids.shape[1]:].tolist()
         written += rnd.emitted_tokens
 
@@ -63,7 +65,7 @@ def assert_guesses_are_the_drafts_own(lm: LoadedModel, trace: RunTrace, length: 
        top_k=st.integers(1, 3), noise=st.sampled_from([0.0, 0.02, 0.3]), seed=st.integers(0, 2**16))
 def test_draft_model_greedy_equals_generate(tiny_models, tiny_dirs, prompt, arch, length, top_k, noise, seed):
     lm = tiny_models[arch]
-    run_mm = dataclasses.replace(lm, draft=noisy_draft(lm, tiny_dirs[arch], noise, seed), _token_texts={})
+    run_mm = lm.with_part(DRAFT_MODEL, noisy_draft(lm, tiny_dirs[arch], noise, seed))
     trace = generate(run_mm, prompt, DecodeSettings(method="draft-model", draft_tokens=length, draft_top_k=top_k,
                                                     max_new_tokens=NEW_TOKENS))
     assert trace.tokens == reference_greedy(lm, prompt, NEW_TOKENS)
@@ -83,7 +85,7 @@ def test_prompt_lookup_greedy_equals_generate(tiny_models, prompt, arch, length,
 
 def test_drafters_guess_and_get_accepted(tiny_llama, tiny_dirs):
     """A draft model that is the base model itself is always right: every guess is accepted."""
-    exact = dataclasses.replace(tiny_llama, draft=noisy_draft(tiny_llama, tiny_dirs["llama"], 0.0, 0), _token_texts={})
+    exact = tiny_llama.with_part(DRAFT_MODEL, noisy_draft(tiny_llama, tiny_dirs["llama"], 0.0, 0))
     trace = generate(exact, "abc abc abc", DecodeSettings(method="draft-model", draft_tokens=3, max_new_tokens=33))
     assert trace.mean_accepted == 4.0
     assert all(r.draft_passes == 3 for r in trace.rounds)
@@ -95,7 +97,7 @@ def test_draft_model_cache_keeps_in_step(tiny_llama, tiny_dirs, top_k):
     """Each round's greedy guesses are exactly the draft model's own greedy continuation of the
     text so far, computed from scratch: the cache it keeps (cropped after rejections, and after a
     runner-up was taken instead of its greedy guess) never goes stale."""
-    noisy = dataclasses.replace(tiny_llama, draft=noisy_draft(tiny_llama, tiny_dirs["llama"], 0.05, 1), _token_texts={})
+    noisy = tiny_llama.with_part(DRAFT_MODEL, noisy_draft(tiny_llama, tiny_dirs["llama"], 0.05, 1))
     trace = generate(noisy, "the quick brown fox", DecodeSettings(method="draft-model", draft_tokens=4,
                                                                   draft_top_k=top_k, max_new_tokens=40))
     accepted = [len(r.accepted_nodes) - 1 for r in trace.rounds]
@@ -130,7 +132,7 @@ def test_draft_model_stops_guessing_at_an_end_of_text(tiny_llama, tiny_dirs):
     assert first != second, "the test needs two different tokens"
     exact = noisy_draft(tiny_llama, tiny_dirs["llama"], 0.0, 0)
     draft = dataclasses.replace(exact, eos_token_ids=frozenset([second]))  # the base does not stop there
-    run_mm = dataclasses.replace(tiny_llama, draft=draft, _token_texts={})
+    run_mm = tiny_llama.with_part(DRAFT_MODEL, draft)
     trace = generate(run_mm, "abc", DecodeSettings(method="draft-model", draft_tokens=5, max_new_tokens=8))
     assert trace.rounds[0].draft_passes == 2 and trace.rounds[0].tree_size == 3
     assert trace.tokens == plain.tokens
@@ -160,7 +162,7 @@ def test_trace_says_who_proposed_each_node(tiny_llama):
 
 def test_draft_model_trace_reports_its_memory(tiny_llama):
     trace = generate(tiny_llama, "abc", DecodeSettings(method="draft-model", max_new_tokens=12))
-    draft = tiny_llama.draft.model
+    draft = tiny_llama.parts[DRAFT_MODEL].model
     assert trace.drafter.parameters == sum(p.numel() for p in draft.parameters())
     assert trace.drafter.weight_bytes == 4 * trace.drafter.parameters  # float32
     assert trace.drafter.cache_bytes > 0
@@ -170,9 +172,9 @@ def test_draft_model_trace_reports_its_memory(tiny_llama):
 
 def test_shipped_draft_is_loaded(tiny_dirs):
     lm = load_model(str(tiny_dirs["qwen2"]))
-    assert lm.draft is not None and lm.draft.tokenizer is lm.tokenizer
-    assert lm.draft.model.config.num_hidden_layers == 1
-    assert load_model(str(tiny_dirs["qwen2"]), drafters=("medusa", "eagle")).draft is None
+    draft = lm.parts[DRAFT_MODEL]
+    assert draft.tokenizer is lm.tokenizer and draft.model.config.num_hidden_layers == 1
+    assert DRAFT_MODEL not in load_model(str(tiny_dirs["qwen2"]), drafters=("medusa", "eagle")).parts
 
 
 def test_draft_model_must_share_the_vocabulary(tiny_llama, tmp_path):
@@ -184,7 +186,7 @@ def test_draft_model_must_share_the_vocabulary(tiny_llama, tmp_path):
 
 
 def test_no_draft_model_is_a_clear_error(tiny_llama):
-    bare = dataclasses.replace(tiny_llama, draft=None, _token_texts={})
+    bare = tiny_llama.with_part(DRAFT_MODEL, None)
     with pytest.raises(DecodingError, match="has no draft model"):
         generate(bare, "abc", DecodeSettings(method="draft-model"))
 
@@ -198,8 +200,8 @@ def test_draft_limits_are_checked(field, value):
 
 def test_draft_model_stops_guessing_past_its_context(tiny_llama):
     """A draft model that reads fewer positions than the base: past them, plain decoding steps."""
-    short = dataclasses.replace(tiny_llama.draft, context_length=24)
-    run_mm = dataclasses.replace(tiny_llama, draft=short, _token_texts={})
+    short = dataclasses.replace(tiny_llama.parts[DRAFT_MODEL], context_length=24)
+    run_mm = tiny_llama.with_part(DRAFT_MODEL, short)
     trace = generate(run_mm, "abc", DecodeSettings(method="draft-model", max_new_tokens=40))
     assert trace.tokens == reference_greedy(tiny_llama, "abc", 40)
     assert trace.rounds[-1].tree_size == 1 and trace.rounds[0].tree_size > 1
@@ -210,7 +212,8 @@ def test_available_drafters(tiny_llama):
     from decoding.drafters import DRAFTERS
 
     assert available_drafters(tiny_llama) == list(DRAFTERS)  # it carries heads, an EAGLE layer and a draft model
-    bare = dataclasses.replace(tiny_llama, heads=None, draft=None, eagle=None, _token_texts={})
+    bare = dataclasses.replace(tiny_llama, parts={})
     # Those that draft with something of their own are gone; those that read only text stay.
-    assert available_drafters(bare) == [name for name in DRAFTERS if name not in ("medusa", "eagle", "draft-model")]
+    loads_nothing = [name for name, cls in DRAFTERS.items() if cls.load.__func__ is Drafter.load.__func__]
+    assert available_drafters(bare) == loads_nothing and len(loads_nothing) < len(DRAFTERS)
     assert "prompt-lookup" in available_drafters(bare)

@@ -8,7 +8,6 @@ always, and an identity test over it would prove little.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 
@@ -20,6 +19,8 @@ from safetensors.torch import save_file
 
 from decoding import DecodeSettings, generate, load_model
 from decoding.drafters import check_settings
+from decoding.drafters.eagle import NAME as EAGLE
+from decoding.drafters.eagle import EaglePart
 from decoding.dynamic_tree import DraftTree, best_size, rerank, verified_tree
 from decoding.eagle import EagleConfig, EagleHead, load_own, load_published
 from decoding.errors import DecodingError
@@ -79,8 +80,9 @@ def trained(tiny_dirs):
         head, _ = train_tiny_eagle(base.model, base.tokenizer, fused=fused)
         for dtype in ("float32", "bfloat16"):
             lm = load_model(folder, device="cpu", dtype=dtype, drafters=("medusa", "eagle"), self_test=False)
-            lm.eagle = EagleHead(head.config, lm.model).to(lm.dtype).eval()
-            lm.eagle.load_state_dict(head.state_dict())
+            eagle = EagleHead(head.config, lm.model).to(lm.dtype).eval()
+            eagle.load_state_dict(head.state_dict())
+            lm.parts[EAGLE] = EaglePart(eagle, None, lm.model.get_output_embeddings())
             out[arch, dtype] = lm
     return out
 
@@ -142,12 +144,13 @@ def test_the_widest_tree_has_64_nodes(trained, arch):
 def from_scratch_first_guesses(lm, text: list[int], top_k: int) -> list[int]:
     """The draft's top guesses after `text`, from a fresh cache over the whole text at once."""
     features = lm.model(torch.tensor([text[:-1]]), output_hidden_states=True).hidden_states[-1][0]
-    cache = new_cache(lm.eagle.layer_config)
+    part = lm.parts[EAGLE]
+    cache = new_cache(part.head.layer_config)
     count = len(text) - 1
     mask = torch.zeros(count, count).masked_fill_(~torch.ones(count, count, dtype=torch.bool).tril(), -1e30)
-    out = lm.eagle(features[None], lm.model.get_input_embeddings()(torch.tensor([text[1:]])),
-                   torch.arange(count)[None], cache, mask[None, None])[0, -1]
-    return lm.eagle.token_ids(lm.eagle_lm_head(out).topk(top_k).indices).tolist()
+    out = part.head(features[None], lm.model.get_input_embeddings()(torch.tensor([text[1:]])),
+                    torch.arange(count)[None], cache, mask[None, None])[0, -1]
+    return part.head.token_ids(part.lm_head(out).topk(top_k).indices).tolist()
 
 
 def test_the_draft_cache_keeps_in_step_after_rejections(trained):
@@ -202,7 +205,7 @@ def test_the_cost_curve_decides_how_many_nodes_pay():
 
 # ----- settings, refusals and checkpoints -----
 def test_a_model_without_an_eagle_head_is_told_how_to_get_one(tiny_llama):
-    bare = dataclasses.replace(tiny_llama, eagle=None, _token_texts={})
+    bare = tiny_llama.with_part(EAGLE, None)
     with pytest.raises(DecodingError, match="train-eagle"):
         generate(bare, "abc", DecodeSettings(method="eagle"))
 

@@ -14,6 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from decoding import DecodeSettings, generate, load_model
+from decoding.drafters.eagle import NAME as EAGLE
+from decoding.drafters.eagle import EaglePart
 from decoding.eagle import EagleHead
 from decoding.tiny import OTHER_ARCHITECTURES, make_tiny_model_dir
 from tests.test_eagle import NEW_TOKENS, PROMPTS, train_tiny_eagle
@@ -29,8 +31,9 @@ def eagles(tmp_path_factory):
         head, _ = train_tiny_eagle(base.model, base.tokenizer, epochs=40, fused=True)
         for dtype in ("float32", "bfloat16"):
             lm = load_model(folder, device="cpu", dtype=dtype, drafters=("eagle",))
-            lm.eagle = EagleHead(head.config, lm.model).to(lm.dtype).eval()
-            lm.eagle.load_state_dict(head.state_dict())
+            eagle = EagleHead(head.config, lm.model).to(lm.dtype).eval()
+            eagle.load_state_dict(head.state_dict())
+            lm.parts[EAGLE] = EaglePart(eagle, None, lm.model.get_output_embeddings())
             out[arch, dtype] = lm
     return out
 
@@ -54,4 +57,4 @@ def test_the_trained_heads_guesses_are_accepted(eagles, arch):
                                                                          eagle_nodes=8)).rounds]
     accepted = sum(len(r.accepted_nodes) - 1 for r in rounds)
     assert accepted / len(rounds) > 0.5, f"{arch}: {accepted} guesses accepted in {len(rounds)} rounds"
-    assert torch.is_tensor(lm.eagle.fuse.weight)
+    assert torch.is_tensor(lm.parts[EAGLE].head.fuse.weight)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from decoding import DecodeSettings, available_drafters, embedded_models, generate, load_model, loading
+from decoding.heads import heads_count, medusa_part
 from decoding.loading import EMBEDDED_MODELS_DIR
 from decoding.prompts import example_prompts, prompt_set, shipped_prompts
 from decoding.training.data import DataSettings, self_distill
@@ -32,7 +33,7 @@ def test_offline_the_default_is_the_embedded_austen_model(monkeypatch):
     monkeypatch.setattr(loading, "is_fetched", lambda name: False)  # SmolLM2's base never fetched
     austen = load_model()  # no name: the default
     assert austen.name == "austen" == embedded_models()[0]
-    assert austen.num_heads == 5 and austen.device.type == "cpu"
+    assert heads_count(austen) == 5 and austen.device.type == "cpu"
     assert austen.default_tree in austen.trees
 
 
@@ -52,8 +53,8 @@ def test_every_embedded_model_ships_its_prompts_and_card(embedded):
 
 
 def test_loads_offline_in_a_fresh_process():
-    code = ("from decoding import embedded_models, load_model\n"
-            "for name in embedded_models(): m = load_model(name); print(m.name, m.num_heads)")
+    code = ("from decoding import embedded_models, load_model\nfrom decoding.heads import heads_count\n"
+            "for name in embedded_models(): m = load_model(name); print(m.name, heads_count(m))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                             env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
                             timeout=120)
@@ -72,13 +73,13 @@ def test_model_data_fits_the_size_budget():
 
 def test_heads_beat_chance_by_a_wide_margin(embedded):
     """On the model's own continuations of prompts it never trained on (chance is 1/vocabulary)."""
-    if embedded.heads.config.reads_root:
+    if medusa_part(embedded).heads.config.reads_root:
         pytest.skip("heads that read the root are measured on held-out recorded answers by "
                     "train-heads --recorded, and decoded against chance in test_smollm2.py")
     prompts = bench_prompts(embedded.name)[:6]
     greedy = DataSettings(max_new_tokens=48, sampled=False, gen_batch_size=16)
     sequences = self_distill(embedded.model, embedded.tokenizer, prompts, greedy, progress=False).sequences
-    accuracy = evaluate_heads(embedded.model, embedded.heads, sequences, top_k=5).accuracy
+    accuracy = evaluate_heads(embedded.model, medusa_part(embedded).heads, sequences, top_k=5).accuracy
     top1 = [row[0] for row in accuracy]
     top5 = [sum(row) for row in accuracy]
     assert top1[0] > 0.25 and top5[0] > 0.5

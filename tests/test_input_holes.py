@@ -11,8 +11,9 @@ from decoding import DecodeSettings, DecodingError, RunTrace, generate, load_mod
 from decoding.cli import main
 from decoding.drafters import DRAFTERS, available_drafters, check_settings, register
 from decoding.drafters.draft_model import load_draft_model
+from decoding.drafters.eagle import NAME as EAGLE
 from decoding.eagle import EAGLE_DIR, EagleConfig, EagleHead
-from decoding.heads import HeadsConfig, MedusaHeads
+from decoding.heads import HeadsConfig, MedusaHeads, heads_count
 from decoding.prompts import read_prompts
 from decoding.tiny import tiny_tokenizer
 
@@ -76,8 +77,8 @@ def test_the_medusa_heads_named_in_sources_are_read_and_a_folder_without_them_re
     two.init_from_lm_head(tiny_llama.model.get_output_embeddings())
     two.save(tmp_path / "two-heads")
     lm = load_model(folder, device="cpu", dtype="float32", sources={"medusa": str(tmp_path / "two-heads")})
-    assert lm.num_heads == 2 and tiny_llama.num_heads == 4  # the entry's heads, not the shipped four
-    assert lm.eagle is not None and lm.draft is not None  # the other drafters' shipped parts stay
+    assert heads_count(lm) == 2 and heads_count(tiny_llama) == 4  # the entry's heads, not the shipped four
+    assert set(lm.parts) == set(tiny_llama.parts)  # the other drafters' shipped parts stay
     (tmp_path / "empty").mkdir()
     with pytest.raises(DecodingError, match="no Medusa heads found in"):
         load_model(folder, device="cpu", dtype="float32", sources={"medusa": tmp_path / "empty"})
@@ -117,7 +118,7 @@ def test_an_eagle_head_builds_for_a_saved_apertus_model_and_writes_plain_decodin
     tiny_tokenizer(320).save_pretrained(tmp_path)
     EagleHead(EagleConfig(64, 320), model).save(tmp_path / EAGLE_DIR)
     lm = load_model(tmp_path, device="cpu", dtype="float32", drafters=("eagle",))
-    assert lm.eagle is not None
+    assert EAGLE in lm.parts
     drafted = generate(lm, "It is", DecodeSettings(method="eagle", max_new_tokens=12, eagle_nodes=8))
     assert drafted.tokens == generate(lm, "It is", DecodeSettings(method="ar", max_new_tokens=12)).tokens
 

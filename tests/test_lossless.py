@@ -7,15 +7,14 @@ tree and the heads; the architectures are real transformers classes built from c
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from decoding import DecodeSettings, generate
-from decoding.heads import HeadsConfig, MedusaHeads
+from decoding import heads as decoding_heads
+from decoding.heads import HeadsConfig, MedusaHeads, medusa_part
 from decoding.model import LoadedModel
 
 NEW_TOKENS = 48
@@ -43,12 +42,12 @@ def reference_greedy(lm, prompt: str, new_tokens: int) -> list[int]:
 def with_heads(lm: LoadedModel, heads: MedusaHeads) -> LoadedModel:
     """The model with other heads: a copy, so the shared fixture keeps its own (and the copy
     computes its own draft projection for them)."""
-    return dataclasses.replace(lm, heads=heads)
+    return decoding_heads.with_heads(lm, heads)
 
 
 def random_heads(lm, seed: int, noise: float) -> MedusaHeads:
     """Heads initialised as the reference does (a copy of lm_head), then perturbed at random."""
-    c = lm.heads.config
+    c = medusa_part(lm).heads.config
     heads = MedusaHeads(HeadsConfig(c.num_heads, c.num_layers, c.hidden_size, c.vocab_size))
     heads.init_from_lm_head(lm.model.get_output_embeddings())
     generator = torch.Generator().manual_seed(seed)

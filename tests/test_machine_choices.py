@@ -12,6 +12,7 @@ from decoding import DecodeSettings, generate, load_model, precision
 from decoding import cost_curve as cost_curve_module
 from decoding.cost_curve import cached_cost_curve, curve_key, measure_cost_curve, model_cost_curve
 from decoding.errors import DecodingError
+from decoding.heads import heads_count, medusa_part, with_heads
 from decoding.loading import resolve_attention, resolve_dtype
 from decoding.trace import CostCurve
 from decoding.tree_choice import choose_tree
@@ -73,15 +74,16 @@ def test_the_trees_chosen_here_are_named_alike_for_every_model_and_never_added_t
     from decoding.drafters.medusa_heads import CHOSEN_TREES, named_tree, tree_names
 
     accuracy = [[0.49, 0.12, 0.06, 0.04], [0.30, 0.10, 0.06, 0.04], [0.20, 0.08, 0.05, 0.04], [0.1] * 4]
-    lm = replace(tiny_llama, head_accuracy=accuracy, cost_curve=STEEP, trees=dict(tiny_llama.trees))
+    lm = replace(with_heads(tiny_llama, medusa_part(tiny_llama).heads, accuracy), cost_curve=STEEP,
+                 trees=dict(tiny_llama.trees))
     presets = dict(lm.trees)
     assert tree_names(lm)[:2] == ["auto", "every-head"] == list(CHOSEN_TREES)
     every = named_tree(lm, "every-head")
-    assert every.max_depth == lm.num_heads
+    assert every.max_depth == heads_count(lm)
     assert named_tree(lm, "every-head", 2).max_depth == 2
     assert lm.trees == presets and lm.default_tree in presets  # nothing of this machine's written into the model
     trace = generate(lm, "It is", DecodeSettings(tree="every-head", max_new_tokens=6))
-    assert trace.tree.name == every.name and max(trace.tree.depths) == lm.num_heads
+    assert trace.tree.name == every.name and max(trace.tree.depths) == heads_count(lm)
 
 
 def test_the_curve_interpolates_between_measured_sizes():
@@ -209,10 +211,11 @@ def test_models_loaded_from_a_path_are_measured_not_cached(tiny_llama, monkeypat
 
 def test_auto_tree_runs_on_measured_heads_and_falls_back_without_them(tiny_llama, monkeypatch):
     monkeypatch.setattr(cost_curve_module, "measure_cost_curve", lambda lm: FLAT)
-    with_table = replace(tiny_llama, head_accuracy=[[0.5, 0.2, 0.1]] * 4, cost_curve=None)
+    heads = medusa_part(tiny_llama).heads
+    with_table = replace(with_heads(tiny_llama, heads, [[0.5, 0.2, 0.1]] * 4), cost_curve=None)
     trace = generate(with_table, "It is", DecodeSettings(max_new_tokens=8))
     assert trace.settings.tree.startswith("auto: optimal-") and trace.cost_curve == FLAT
-    without = replace(tiny_llama, head_accuracy=None, cost_curve=None)
+    without = replace(with_heads(tiny_llama, heads, None), cost_curve=None)
     assert generate(without, "It is", DecodeSettings(max_new_tokens=8)).settings.tree == tiny_llama.default_tree
 
 
@@ -252,8 +255,8 @@ def measured_heads(tiny_dirs, tmp_path_factory):
 def test_auto_dtype_is_the_one_whose_best_lane_decodes_fastest(measured_heads, monkeypatch, float32, bfloat16, dtype):
     _stub_curves(monkeypatch, float32, bfloat16)
     lm = load_model(measured_heads, drafters=("medusa", "eagle"))
-    assert lm.head_accuracy is not None
-    assert lm.dtype == dtype and next(lm.heads.parameters()).dtype == dtype
+    assert medusa_part(lm).accuracy is not None
+    assert lm.dtype == dtype and next(medusa_part(lm).heads.parameters()).dtype == dtype
     assert lm.gathered_attention == (dtype == torch.bfloat16)  # exact attention where it is needed
     assert "Medusa on auto: optimal-" in lm.dtype_reason and "writes a token every" in lm.dtype_reason
     assert lm.cost_curve is (float32 if dtype == torch.float32 else bfloat16)  # the chosen dtype's own curve

@@ -22,7 +22,7 @@ from decoding import DecodeSettings, generate, load_model
 from decoding.drafters import make_drafter
 from decoding.drafters.mtp import NAME, MTPDrafter, MTPPart
 from decoding.errors import DecodingError
-from decoding.model import few_rows_projection
+from decoding.heads import few_rows_projection
 from decoding.mtp import (
     DEEPSEEK_V3,
     MIMO,

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 from decoding import DecodeSettings, generate, load_model, packed_linear
-from decoding.heads import TransposedLinear
-from decoding.model import few_rows_projection
+from decoding.drafters.eagle import NAME as EAGLE
+from decoding.heads import TransposedLinear, few_rows_projection
 from decoding.packed_linear import PackedLinear, pack_linear_layers, packed, packing_works
 from test_lossless import oracle_heads, prompts, trees, with_heads
 
@@ -118,8 +118,8 @@ def test_load_model_packs_by_default(tiny_models, unpacked):
     assert any(isinstance(m, PackedLinear) for m in tiny_models["llama"].model.modules())
     assert not any(isinstance(m, PackedLinear) for m in unpacked["llama"].model.modules())
     # The EAGLE head's layer too (its fc and the decoder layer's projections).
-    assert any(isinstance(m, PackedLinear) for m in tiny_models["llama"].eagle.modules())
-    assert not any(isinstance(m, PackedLinear) for m in unpacked["llama"].eagle.modules())
+    assert any(isinstance(m, PackedLinear) for m in tiny_models["llama"].parts[EAGLE].head.modules())
+    assert not any(isinstance(m, PackedLinear) for m in unpacked["llama"].parts[EAGLE].head.modules())
 
 
 @needs_packing

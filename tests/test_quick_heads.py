@@ -12,6 +12,7 @@ import torch
 from decoding import DecodeSettings, generate
 from decoding.cli import main
 from decoding.errors import DecodingError
+from decoding.heads import medusa_part
 from decoding.limits import PAGE_LIMITS, training_problem
 from decoding.training.quick_heads import TrainedHeads, TrainingTrace, train_heads_live, with_trained_heads
 from tests.test_lossless import reference_greedy
@@ -41,7 +42,7 @@ def write_cycle_recording(folder, tokenizer, vocab_size: int, model: str):
 @pytest.fixture(scope="module")
 def recording(tiny_llama, tmp_path_factory):
     return write_cycle_recording(tmp_path_factory.mktemp("recording"), tiny_llama.tokenizer,
-                                 tiny_llama.heads.config.vocab_size, tiny_llama.name)
+                                 medusa_part(tiny_llama).heads.config.vocab_size, tiny_llama.name)
 
 
 def train(lm, recording, heads=(1,), seconds=3.0) -> tuple[list[TrainingTrace], TrainedHeads]:
@@ -52,7 +53,7 @@ def train(lm, recording, heads=(1,), seconds=3.0) -> tuple[list[TrainingTrace], 
 
 
 def test_a_trained_head_beats_its_fresh_start_and_leaves_the_shipped_heads_alone(tiny_llama, recording):
-    shipped = {name: p.clone() for name, p in tiny_llama.heads.state_dict().items()}
+    shipped = {name: p.clone() for name, p in medusa_part(tiny_llama).heads.state_dict().items()}
     traces, trained = train(tiny_llama, recording)
     trace = trained.trace
     assert [t.phase for t in traces][0] == "reading" and trace.phase == "done"
@@ -60,8 +61,8 @@ def test_a_trained_head_beats_its_fresh_start_and_leaves_the_shipped_heads_alone
     assert trace.steps > 0 and trace.stop_reason == "time_limit"
     assert trace.latest.top1[0] > trace.untrained.top1[0] + 0.1  # head 1 learned
     assert trace.latest.top1[1] == trace.untrained.top1[1]  # head 2 was not asked to learn
-    assert trained.heads is not tiny_llama.heads
-    for name, p in tiny_llama.heads.state_dict().items():
+    assert trained.heads is not medusa_part(tiny_llama).heads
+    for name, p in medusa_part(tiny_llama).heads.state_dict().items():
         assert torch.equal(p, shipped[name]), name
     assert json.loads(json.dumps(trace.to_dict()))["trained_heads"] == [1]
 
@@ -75,7 +76,7 @@ def test_the_answers_are_read_once(tiny_llama, recording):
 def test_decoding_with_trained_heads_is_lossless_and_says_whose_heads(tiny_llama, recording):
     _, trained = train(tiny_llama, recording, heads=(1, 2), seconds=2.0)
     visitor = with_trained_heads(tiny_llama, trained)
-    assert visitor.heads is trained.heads and tiny_llama.heads is not trained.heads
+    assert medusa_part(visitor).heads is trained.heads and medusa_part(tiny_llama).heads is not trained.heads
     prompt = "the quick brown fox"
     run = generate(visitor, prompt, DecodeSettings(method="medusa", max_new_tokens=24, tree="auto"))
     assert run.tokens == reference_greedy(tiny_llama, prompt, 24)[: len(run.tokens)]

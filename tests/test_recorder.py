@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
+from decoding.drafters.eagle import NAME as EAGLE
 from decoding.errors import DecodingError
 from decoding.tiny import tiny_model
 from decoding.training import recording
@@ -191,7 +192,7 @@ def test_a_recording_trains_a_fused_eagle_head_that_decodes_losslessly(tiny_dirs
     compared = saved["training"]["compared_on_same_heldout"][str(folder / "eagle")]
     assert compared["positions"] == saved["heldout"]["positions"]
     lm = load_model(folder, device="cpu", dtype="float32", drafters=("eagle",), sources={"eagle": str(out)})
-    assert lm.eagle.fuse is not None
+    assert lm.parts[EAGLE].head.fuse is not None
     prompt = "It is a truth universally"
     eagle = generate(lm, prompt, DecodeSettings(method="eagle", max_new_tokens=24, eagle_nodes=8))
     assert eagle.tokens == generate(lm, prompt, DecodeSettings(method="ar", max_new_tokens=24)).tokens

@@ -21,9 +21,13 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from decoding import DecodeSettings, Tree, generate
 from decoding.acceptance import speculative_accept, typical_accept
 from decoding.drafters import DRAFTERS
+from decoding.drafters.draft_model import NAME as DRAFT_MODEL
+from decoding.drafters.eagle import NAME as EAGLE
+from decoding.drafters.eagle import EaglePart
+from decoding.drafters.mtp import NAME as MTP
 from decoding.drafters.mtp import MTPPart
 from decoding.eagle import EagleConfig, EagleHead
-from decoding.heads import HeadsConfig, MedusaHeads
+from decoding.heads import MEDUSA, HeadsConfig, MedusaHeads, MedusaPart
 from decoding.model import LoadedModel
 from decoding.mtp import MTPConfig, MTPModules
 
@@ -177,15 +181,15 @@ def word_model() -> LoadedModel:
     common = dict(tokenizer=tokenizer, device=torch.device("cpu"), dtype=torch.float32, context_length=64,
                   eos_token_ids=frozenset())
     # A draft model: another model of the same shape, whose argmax is sometimes the base's.
-    draft = LoadedModel(name="words draft", model=LlamaForCausalLM(config).eval(), heads=None, trees={},
+    draft = LoadedModel(name="words draft", model=LlamaForCausalLM(config).eval(), trees={},
                         default_tree="", **common)
     # An EAGLE layer, random: its guesses are right now and then, and its trees differ each round.
-    eagle = EagleHead(EagleConfig(32, len(WORDS)), model).eval()
+    eagle = EaglePart(EagleHead(EagleConfig(32, len(WORDS)), model).eval(), None, model.lm_head)
     # Multi-token prediction modules, random too: over six words a chain is often right.
     mtp = MTPPart(MTPModules(MTPConfig(32, len(WORDS), depth=2), model).eval(), model.lm_head, None)
-    return LoadedModel(name="words", model=model, heads=heads.eval(), draft=draft, eagle=eagle,
-                       trees={"full": [[0], [1], [0, 0], [0, 1], [1, 0], [1, 1]]}, default_tree="full",
-                       parts={"mtp": mtp}, **common)
+    parts = {MEDUSA: MedusaPart(heads.eval(), None, model.lm_head), DRAFT_MODEL: draft, EAGLE: eagle, MTP: mtp}
+    return LoadedModel(name="words", model=model, trees={"full": [[0], [1], [0, 0], [0, 1], [1, 0], [1, 1]]},
+                       default_tree="full", parts=parts, **common)
 
 
 PROMPT = "a b c a b"  # it repeats itself, so prompt lookup has something to copy

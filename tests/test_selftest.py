@@ -31,7 +31,7 @@ def test_self_test_itself_catches_alibi(tiny_llama):
     bloom = BloomForCausalLM(BloomConfig(vocab_size=320, hidden_size=32, n_layer=2, n_head=4,
                                          initializer_range=0.3)).eval()
     lm = LoadedModel(
-        name="tiny-bloom", model=bloom, tokenizer=tiny_llama.tokenizer, heads=tiny_llama.heads,
+        name="tiny-bloom", model=bloom, tokenizer=tiny_llama.tokenizer,
         device=torch.device("cpu"), dtype=torch.float32, context_length=512, trees={},
         default_tree="cpu-12", eos_token_ids=frozenset(),
     )

@@ -9,13 +9,12 @@ too: its cache drops rejected guesses past the window.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, MistralConfig
 
 from decoding import DecodeSettings, generate, load_model
+from decoding.drafters.draft_model import NAME as DRAFT_MODEL
 from decoding.drafters.draft_model import load_draft_model
 from decoding.heads import HeadsConfig, MedusaHeads
 from decoding.tiny import tiny_tokenizer
@@ -98,7 +97,7 @@ def mistral_drafting(tiny_llama, tmp_path_factory):
     draft.load_state_dict(tiny_llama.model.state_dict())
     path = tmp_path_factory.mktemp("mistral-draft")
     draft.save_pretrained(path)
-    return dataclasses.replace(tiny_llama, draft=load_draft_model(tiny_llama, path), _token_texts={})
+    return tiny_llama.with_part(DRAFT_MODEL, load_draft_model(tiny_llama, path))
 
 
 @pytest.mark.parametrize("prompt", ["abc abc", "the quick brown fox"])  # the window fills in the run

@@ -9,8 +9,10 @@ from __future__ import annotations
 import pytest
 
 from decoding import DecodeSettings, generate, load_model
+from decoding.drafters.eagle import NAME as EAGLE
 from decoding.drafters.retrieval import recorded_index
 from decoding.fetch import is_fetched, not_fetched_message
+from decoding.heads import medusa_part
 from test_embedded_model import bench_prompts
 
 pytestmark = pytest.mark.skipif(not is_fetched("smollm2"), reason=not_fetched_message("smollm2"))
@@ -34,7 +36,7 @@ def test_prompts_go_through_the_chat_template_and_the_trace_keeps_the_users_text
 
 
 def test_shipped_heads_guess_from_their_draft_vocabulary(smollm2):
-    heads = smollm2.heads
+    heads = medusa_part(smollm2).heads
     assert heads.draft_vocab is not None and heads.guess_vocab_size == len(heads.draft_vocab) < 49152
     assert smollm2.tokenizer.convert_tokens_to_ids(IM_END) in heads.draft_vocab.tolist()
 
@@ -66,7 +68,7 @@ def test_generate_prints_a_chat_answer_on_its_own_lines(capsys):
 def test_eagle_on_smollm2_is_lossless_and_beats_chance_by_far(smollm2):
     """The shipped EAGLE head on unseen questions: plain decoding's answers, and guesses accepted
     far above chance (a fixed 16-node tree: this measures the draft, not this machine's costs)."""
-    assert smollm2.eagle is not None and smollm2.eagle_accuracy
+    assert EAGLE in smollm2.parts and smollm2.parts[EAGLE].accuracy
     accepted = []
     for prompt in bench_prompts("smollm2")[:3]:
         plain = generate(smollm2, prompt, DecodeSettings(method="ar", max_new_tokens=48))

@@ -18,9 +18,10 @@ from .registry import (
     make_drafter,
     methods,
     register,
+    setting_high,
     unregister,
 )
 
 __all__ = ["DRAFTERS", "Drafter", "ModelFiles", "Proposal", "available_drafters", "check_settings", "drafter_class",
            "drafter_setting", "make_drafter", "methods", "register",
-           "unregister"]
+           "setting_high", "unregister"]

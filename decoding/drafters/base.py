@@ -105,6 +105,9 @@ class Drafter(ABC):
     colour: ClassVar[str] = "#6B7280"  # its lane's colour on every figure
     settings: ClassVar[tuple[Setting, ...]] = ()  # the settings it owns, with defaults and limits
     takes_tree: ClassVar[bool] = False  # whether the run's `tree` setting chooses its tree (Medusa's)
+    # Whether `--dtype auto` weighs what it drafts with (precision.py): its part is then loaded onto
+    # the model in each dtype measured, before the choice; the others' once the dtype is chosen.
+    weighs_in_dtype_choice: ClassVar[bool] = False
     # Where it proposed nothing in most rounds, what to try instead, for a page to say ("" : nothing).
     idle_hint: ClassVar[str] = ""
     # `--NAME SOURCE` on the command line: where what it drafts with comes from (empty: no such flag).
@@ -152,6 +155,11 @@ class Drafter(ABC):
     def missing(cls, lm: LoadedModel) -> str:
         """Why `lm` cannot run this drafter, and how to give it what it needs."""
         return f"{lm.name} cannot run the {cls.name} drafter"
+
+    @classmethod
+    def model_limit(cls, lm: LoadedModel, setting: Setting) -> int | float:
+        """The highest value one of its `model_bound` settings takes on `lm` (Medusa: its heads)."""
+        return setting.high
 
     @classmethod
     def held_out_accuracy(cls, lm: LoadedModel) -> list[float] | None:

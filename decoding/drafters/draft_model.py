@@ -66,7 +66,7 @@ class DraftModelDrafter(Drafter):
 
     @classmethod
     def available(cls, lm: LoadedModel) -> bool:
-        return lm.draft is not None
+        return NAME in lm.parts
 
     @classmethod
     def missing(cls, lm: LoadedModel) -> str:
@@ -84,11 +84,11 @@ class DraftModelDrafter(Drafter):
 
     @classmethod
     def load(cls, lm: LoadedModel, source: str | Path, files: ModelFiles) -> None:
-        lm.draft = load_draft_model(lm, source, files.pack_linear)
+        lm.parts[NAME] = load_draft_model(lm, source, files.pack_linear)
 
     @classmethod
     def create(cls, lm: LoadedModel, settings: DecodeSettings) -> DraftModelDrafter:
-        return cls(lm.draft, settings.draft_tokens, settings.draft_top_k)
+        return cls(lm.parts[NAME], settings.draft_tokens, settings.draft_top_k)
 
     @classmethod
     def shape(cls, settings: DecodeSettings) -> str:
@@ -102,7 +102,7 @@ class DraftModelDrafter(Drafter):
         generation config. A draft tree (top-k above 1) it does not have."""
         if settings.draft_top_k != 1:
             return None
-        return {"assistant_model": lm.draft.model,
+        return {"assistant_model": lm.parts[NAME].model,
                 "assistant": {"num_assistant_tokens": settings.draft_tokens,
                               "num_assistant_tokens_schedule": "constant",
                               "assistant_confidence_threshold": 0.0}}
@@ -179,6 +179,6 @@ def load_draft_model(base: LoadedModel, source: str | Path, pack_linear: bool = 
         pack_linear_layers(model)
     return LoadedModel(
         name=f"{base.name} draft" if path.name == DRAFT_DIR else str(source), model=model,
-        tokenizer=base.tokenizer, heads=None, device=base.device, dtype=base.dtype,
+        tokenizer=base.tokenizer, device=base.device, dtype=base.dtype,
         context_length=context_length(model.config), trees={}, default_tree="",
         eos_token_ids=base.eos_token_ids)

@@ -22,14 +22,18 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from ..cost_curve import model_cost_curve
 from ..dynamic_tree import DRAFT_COST_SMOOTHING, DYNAMIC_TREE, DraftTree, drafted_trace, rerank, verified_tree
 from ..eagle import EAGLE_CONFIG, EAGLE_DIR, EagleHead, find_eagle
 from ..errors import DecodingError
+from ..heads import few_rows_projection, vocabulary_rows
 from ..kv_cache import new_cache
 from ..model import LoadedModel
 from ..model_files import local_or_hub
@@ -44,6 +48,24 @@ from .registry import register
 NAME = "eagle"
 # The tree: at most this many nodes a round (the root aside), as the published trees have.
 MAX_NODES = 63
+
+
+@dataclass
+class EaglePart:
+    """What the eagle drafter drafts with, as `LoadedModel.parts` holds it: the draft head, how
+    often its depth-d guess was right on held-out text given the guesses before it (saved with
+    it), and the base model's lm_head."""
+
+    head: EagleHead
+    accuracy: list[float] | None
+    base_lm_head: nn.Module = field(repr=False)
+
+    @cached_property
+    def lm_head(self) -> nn.Module:
+        """The lm_head rows of the head's draft vocabulary (all rows without one), frozen; on a
+        CPU laid out for the few rows a draft multiplies (`few_rows_projection`), on first use."""
+        vocab = self.head.draft_vocab
+        return few_rows_projection(self.base_lm_head if vocab is None else vocabulary_rows(self.base_lm_head, vocab))
 
 
 @register
@@ -67,8 +89,9 @@ class EagleDrafter(Drafter):
     tree: Tree | None = None  # a new tree each round
 
     def __init__(self, lm: LoadedModel, depth: int, top_k: int, max_nodes: int, fixed_size: bool) -> None:
-        self.lm, self.head = lm, lm.eagle
-        self.hidden_layers = lm.eagle.reads_layers
+        part: EaglePart = lm.parts[NAME]
+        self.lm, self.head, self.lm_head = lm, part.head, part.lm_head
+        self.hidden_layers = part.head.reads_layers
         self.depth, self.top_k, self.max_nodes = depth, top_k, max_nodes
         # Without a fixed size the rerank keeps what this machine's cost curve says pays.
         self.curve = None if fixed_size else model_cost_curve(lm)
@@ -76,7 +99,7 @@ class EagleDrafter(Drafter):
         self.level_cost = 0.0  # drafting one more level, in the same steps
         self.embed = lm.model.get_input_embeddings()
         self.tokens: list[int] = []
-        self.pending = torch.empty(0, len(self.hidden_layers) * lm.eagle.config.hidden_size, device=lm.device,
+        self.pending = torch.empty(0, len(self.hidden_layers) * part.head.config.hidden_size, device=lm.device,
                                    dtype=lm.dtype)
         self.cache = new_cache(self.head.layer_config)
 
@@ -99,7 +122,7 @@ class EagleDrafter(Drafter):
 
     def _top_guesses(self, features: torch.Tensor) -> tuple[list[list[int]], list[list[float]]]:
         """The draft's `top_k` next tokens after each guessed feature, with their log-probabilities."""
-        logits = self.lm.eagle_lm_head(features).float()
+        logits = self.lm_head(features).float()
         top_logits, top = logits.topk(self.top_k, dim=-1)
         log_probs = top_logits - logits.logsumexp(dim=-1, keepdim=True)
         return self.head.token_ids(top).tolist(), log_probs.tolist()
@@ -210,7 +233,7 @@ class EagleDrafter(Drafter):
     # ----- what it needs, and where that comes from -----
     @classmethod
     def available(cls, lm: LoadedModel) -> bool:
-        return lm.eagle is not None
+        return NAME in lm.parts
 
     @classmethod
     def missing(cls, lm: LoadedModel) -> str:
@@ -226,10 +249,14 @@ class EagleDrafter(Drafter):
 
     @classmethod
     def load(cls, lm: LoadedModel, source: str | Path, files: ModelFiles) -> None:
-        lm.eagle, meta = load_eagle_head(lm, source)
+        head, meta = load_eagle_head(lm, source)
         if files.pack_linear:
-            pack_linear_layers(lm.eagle)
-        lm.eagle_accuracy = _accuracy(meta)
+            pack_linear_layers(head)
+        lm.parts[NAME] = EaglePart(head, _accuracy(meta), lm.model.get_output_embeddings())
+
+    @classmethod
+    def held_out_accuracy(cls, lm: LoadedModel) -> list[float] | None:
+        return lm.parts[NAME].accuracy if NAME in lm.parts else None
 
     @classmethod
     def create(cls, lm: LoadedModel, settings: DecodeSettings) -> EagleDrafter:

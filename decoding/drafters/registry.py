@@ -55,6 +55,13 @@ def drafter_setting(name: str) -> Setting | None:
     return next((s for cls in DRAFTERS.values() for s in cls.settings if s.name == name), None)
 
 
+def setting_high(lm: LoadedModel, setting: Setting) -> int | float:
+    """The highest value `setting` takes on `lm`: its own limit, or the model's where it bounds it."""
+    if not setting.model_bound:
+        return setting.high
+    return next(cls for cls in DRAFTERS.values() if setting in cls.settings).model_limit(lm, setting)
+
+
 def _check_model(lm: object) -> None:
     """A model not loaded yet (None) or only named is refused in one line. Anything else is taken
     for a model: stand-ins with a LoadedModel's fields are asked too (the page's tests)."""

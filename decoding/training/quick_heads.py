@@ -28,7 +28,7 @@ import torch
 
 from ..assets import recordings_of
 from ..errors import DecodingError
-from ..heads import MedusaHeads
+from ..heads import MedusaHeads, medusa_part, with_heads
 from ..limits import PAGE_LIMITS, PageLimits, training_problem
 from ..model import LoadedModel
 from .answers import answers_from
@@ -118,7 +118,7 @@ def with_trained_heads(lm: LoadedModel, trained: TrainedHeads) -> LoadedModel:
     """A copy of `lm` that decodes with `trained`'s heads; `lm` itself is left as it was."""
     if trained.model != lm.name:
         raise DecodingError(f"these heads were trained on {trained.model}, not {lm.name}")
-    return dataclasses.replace(lm, heads=trained.heads, head_accuracy=trained.accuracy)
+    return with_heads(lm, trained.heads, trained.accuracy)
 
 
 def recording_for(lm: LoadedModel) -> Path:
@@ -201,12 +201,12 @@ def _read(lm: LoadedModel, recording: Path, limits: PageLimits, trace: TrainingT
 # ----- 2 and 3. train and measure ---------------------------------------------------------------
 def _draft_vocab(lm: LoadedModel) -> torch.Tensor:
     """The tokens the shipped heads guess among (the whole vocabulary where they have no draft one)."""
-    vocab = lm.heads.draft_vocab
-    return torch.arange(lm.heads.config.vocab_size) if vocab is None else vocab.cpu()
+    heads = medusa_part(lm).heads
+    return torch.arange(heads.config.vocab_size) if heads.draft_vocab is None else heads.draft_vocab.cpu()
 
 
 def _settings(lm: LoadedModel, trained_heads: tuple[int, ...], epochs: float) -> RecordedTrainingSettings:
-    c = lm.heads.config
+    c = medusa_part(lm).heads.config
     return RecordedTrainingSettings(
         num_heads=c.num_heads, num_layers=c.num_layers, draft_vocab_size=len(_draft_vocab(lm)),
         lr=LEARNING_RATE, warmup_steps=WARMUP_STEPS, reads_root=c.reads_root, trained_heads=trained_heads,
@@ -240,12 +240,13 @@ def train_heads_live(lm: LoadedModel, trained_heads: tuple[int, ...], seconds: f
     thing yielded is the `TrainedHeads`. The answers come from `recording` (a folder `record`
     wrote), by default the one the project ships for the model. The model is never changed."""
     recording = recording or recording_for(lm)
-    if lm.heads is None:
+    shipped = medusa_part(lm)
+    if shipped is None:
         raise DecodingError(f"{lm.name} was loaded without Medusa heads: there is no layout to train")
-    problem = heads_problem(trained_heads, lm.num_heads) or training_problem(seconds, limits)
+    problem = heads_problem(trained_heads, shipped.num_heads) or training_problem(seconds, limits)
     if problem:
         raise DecodingError(problem)
-    trace = TrainingTrace(lm.name, recording.name, sorted(trained_heads), lm.num_heads, seconds,
+    trace = TrainingTrace(lm.name, recording.name, sorted(trained_heads), shipped.num_heads, seconds,
                           limits.train_read_seconds)
     yield trace.snapshot()
     for read in _read(lm, recording, limits, trace):
@@ -262,7 +263,7 @@ def train_heads_live(lm: LoadedModel, trained_heads: tuple[int, ...], seconds: f
     heads.origin = f"trained on this page for {seconds:.0f} s"
     measured = tuple(trained_heads)
     trace.untrained = _check(heads, lm, read.heldout, None, 0.0, 0)
-    trace.shipped = _check(lm.heads, lm, read.heldout, None, 0.0, 0)
+    trace.shipped = _check(shipped.heads, lm, read.heldout, None, 0.0, 0)
     trace.phase = "training"
     yield trace.snapshot()
 

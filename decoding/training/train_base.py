@@ -48,7 +48,8 @@ from transformers import (
 )
 
 from ..errors import DecodingError
-from ..mtp import MTP_DIR, MTPConfig, MTPModules, loss_weight, mtp_logits, mtp_loss, mtp_targets
+from ..mtp import MTP_DIR, MTPConfig, MTPModules, loss_weight, mtp_loss
+from .base_heldout import heldout_loss, heldout_mtp, plot_curve
 from .base_tokens import MAX_POSITIONS, encode_documents, special_ids, token_stream, train_tokenizer
 from .corpus import build_corpus, build_record_corpus, record_folders
 from .saving import load_state, save_model_as, save_state
@@ -157,73 +158,6 @@ def sample_batch(stream: torch.Tensor, settings: BaseTrainingSettings, gen: torc
     return torch.stack([stream[s : s + settings.seq_len] for s in starts.tolist()])
 
 
-def heldout_windows(heldout: torch.Tensor, settings: BaseTrainingSettings) -> torch.Tensor:
-    """Fixed, non-overlapping held-out windows (the same every evaluation, so comparable)."""
-    n_windows = min(len(heldout) // settings.seq_len, settings.eval_batches * settings.batch_size)
-    return heldout[: n_windows * settings.seq_len].view(n_windows, settings.seq_len)
-
-
-@torch.no_grad()
-def heldout_loss(model: LlamaForCausalLM, heldout: torch.Tensor, settings: BaseTrainingSettings) -> float:
-    """The model's mean loss over the held-out windows."""
-    windows = heldout_windows(heldout, settings)
-    if len(windows) == 0:
-        return float("nan")
-    model.eval()
-    losses = []
-    for batch in windows.split(settings.batch_size):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
-            losses.append(model(input_ids=batch, labels=batch).loss.float().item() * len(batch))
-    model.train()
-    return sum(losses) / len(windows)
-
-
-@torch.no_grad()
-def heldout_mtp(model: LlamaForCausalLM, modules: MTPModules, heldout: torch.Tensor,
-                settings: BaseTrainingSettings) -> dict[str, list[float]]:
-    """Each MTP depth's held-out loss and top-1: how often module k's first guess is the token
-    k+1 ahead, given the text before it (what a round accepts when the guesses before were right)."""
-    windows = heldout_windows(heldout, settings)
-    losses, hits, count = [0.0] * modules.config.depth, [0] * modules.config.depth, [0] * modules.config.depth
-    model.eval()
-    modules.eval()
-    for batch in windows.split(settings.batch_size):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
-            states = model(input_ids=batch, output_hidden_states=True).hidden_states[-1]
-            for k, logits in enumerate(mtp_logits(modules, model, states, batch)):
-                target = mtp_targets(batch, k + 1)
-                losses[k] += torch.nn.functional.cross_entropy(
-                    logits.flatten(0, 1).float(), target.flatten(), reduction="sum").item()
-                hits[k] += int((logits.argmax(-1) == target).sum())
-                count[k] += target.numel()
-    model.train()
-    modules.train()
-    return {"mtp_loss": [loss / max(n, 1) for loss, n in zip(losses, count, strict=True)],
-            "mtp_top1": [hit / max(n, 1) for hit, n in zip(hits, count, strict=True)]}
-
-
-def plot_curve(log: dict[str, Any], path: Path) -> None:
-    """Loss against tokens seen, train and held-out, as a PNG for the model card."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # headless: no display on the training machine
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    train = log["train_curve"]
-    held = log["heldout_curve"]
-    ax.plot([p["tokens"] / 1e6 for p in train], [p["loss"] for p in train], label="train", lw=1)
-    ax.plot([p["tokens"] / 1e6 for p in held], [p["loss"] for p in held], "o-", label="held-out", ms=3)
-    ax.set_xlabel("tokens seen (millions)")
-    ax.set_ylabel("cross-entropy loss (nats/token)")
-    ax.set_title(f"train-base: {log['params'] / 1e6:.2f}M-param Llama")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
 class BaseTraining:
     """One train-base run: the data, the model and its optimizer, and the counters a checkpoint
     keeps (step, elapsed time, log). `run()` trains until the step limit or the clock says stop."""
@@ -305,7 +239,7 @@ class BaseTraining:
     def _restore(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         if self.mtp is not None:
-            self.mtp.load_state_dict(state["mtp"])
+            self.mtp.load_state_dict(state[MTP_DIR])
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
@@ -366,7 +300,7 @@ class BaseTraining:
     def save_checkpoint(self) -> None:
         save_state(self.checkpoint_dir / CHECKPOINT_FILE, {
             "model": self.model.state_dict(),
-            **({"mtp": self.mtp.state_dict()} if self.mtp is not None else {}),
+            **({MTP_DIR: self.mtp.state_dict()} if self.mtp is not None else {}),
             "optimizer": self.optimizer.state_dict(),
             "generator": self.generator.get_state(),
             "torch_rng": torch.get_rng_state(),
