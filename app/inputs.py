@@ -13,19 +13,18 @@ from dataclasses import dataclass, field
 
 from decoding import available_drafters
 from decoding.drafters import DRAFTERS, check_settings, drafter_setting, setting_high
-from decoding.drafters.medusa_heads import named_tree
+from decoding.drafters.medusa_heads import medusa_tree, named_tree
 from decoding.errors import DecodingError
-from decoding.heads import heads_count
 from decoding.limits import PAGE_LIMITS, check_page_limits, tree_problem, tree_text_problem
 from decoding.model import LoadedModel
 from decoding.race import DEFAULT_RACES
-from decoding.settings import PLAIN, DecodeSettings
-from decoding.tree import Tree, read_choices
+from decoding.settings import COMMON_SETTINGS, PLAIN, DecodeSettings
+from decoding.tree import NOT_A_TREE, read_choices
 from decoding.tree_choice import AUTO_TREE, EVERY_HEAD_TREE
 
 DEFAULTS = DecodeSettings()
-# What a slider or an API call sends for a setting left unset (a seed, EAGLE's size, the heads in
-# use): the engine's None.
+# "Not set" is the engine's None everywhere (an empty seed box, a setting /trace leaves out); a
+# slider cannot be empty, so a drafter setting's slider says it with this stop (option_value).
 PAGE_UNSET = 0
 # The Playground's tree: the fastest that uses every head, so a first run shows what Medusa is
 # (several heads, a tree); the race races the fastest tree here (RACE_TREE) unless told otherwise.
@@ -45,9 +44,10 @@ class RunRequest:
     max_new_tokens: int = DEFAULTS.max_new_tokens
     acceptance: str = DEFAULTS.acceptance
     temperature: float = DEFAULTS.temperature
+    top_p: float = DEFAULTS.top_p
     epsilon: float = DEFAULTS.epsilon
     delta: float = DEFAULTS.delta
-    seed: int = -1  # any negative number: a fresh random seed
+    seed: int | None = DEFAULTS.seed  # None: a fresh random seed
     preset: str = ""
     tree_text: str = ""  # the tree editor's JSON; "" means the preset as it is
     races: int = DEFAULT_RACES
@@ -64,58 +64,42 @@ class RunRequest:
         return cls(**values, options=options)
 
 
-def parse_tree_json(text: str) -> list[list[int]]:
-    """The tree editor's text as a choices list, or DecodingError saying where it is malformed
-    (or that it is too long to read: see decoding.limits)."""
-    problem = tree_text_problem(text)
-    if problem:
-        raise DecodingError(problem)
-    return read_choices(text)
-
-
 def format_choices(choices: list[list[int]]) -> str:
     """One path per line: easier to read and edit than one long line."""
     return "[\n" + ",\n".join(f"  {json.dumps(path)}" for path in choices) + "\n]"
 
 
-def checked_tree(choices: object, preset_choices: list[list[int]] | None, model_heads: int,
-                 num_heads: int) -> Tree:
-    """The tree a run would verify: a preset is cut to the heads in use, as the engine cuts it;
-    an edited tree must fit the model's heads and the page's size limit, then it is cut the same
-    way. The size is checked first: a pasted 10,000-path tree is refused before it is built."""
-    problem = tree_problem(len(choices)) if isinstance(choices, list) else None
+def edited_tree(model: LoadedModel, preset: str, text: str) -> str | list[list[int]]:
+    """What the tree editor asks for: the preset's name while it holds that preset unchanged (or
+    nothing), else its choices list. The page's size limits (decoding.limits) are checked first:
+    a pasted 10,000-path tree is refused before any tree is built."""
+    preset = preset or "default"
+    if not text.strip():
+        return preset
+    problem = tree_text_problem(text)
     if problem:
         raise DecodingError(problem)
-    if choices != preset_choices:
-        Tree.from_choices(choices, model_heads)
-    return Tree.pruned(choices, num_heads, "custom")
-
-
-def describe_tree(text: str, preset_choices: list[list[int]] | None, model_heads: int,
-                  num_heads: int) -> str:
-    """The tree editor's status line: what the tree is, or what is wrong with it."""
+    choices = read_choices(text)
+    if not isinstance(choices, list):  # the editor holds JSON: a name in quotes is not a tree
+        raise DecodingError(NOT_A_TREE)
+    problem = tree_problem(len(choices))
+    if problem:
+        raise DecodingError(problem)
     try:
-        tree = checked_tree(parse_tree_json(text), preset_choices, model_heads, num_heads)
+        unchanged = choices == named_tree(model, model.default_tree if preset == "default" else preset).choices
+    except DecodingError:  # a preset this model lacks: the text stands alone
+        unchanged = False
+    return preset if unchanged else choices
+
+
+def describe_tree(model: LoadedModel, preset: str, text: str, num_heads: int | None) -> str:
+    """The tree editor's status line: the tree a run would verify (read by the engine's one tree
+    reader, medusa_tree), or what is wrong with it."""
+    try:
+        tree = medusa_tree(model, edited_tree(model, preset, text), num_heads)
     except DecodingError as e:
         return f"⚠ {e}"
     return f"✓ {tree.size} nodes incl. root · {len(tree.leaves)} candidate paths · {tree.max_depth} deep"
-
-
-def tree_spec(model: LoadedModel, preset: str, text: str, num_heads: int) -> str | list[list[int]]:
-    """A preset name when the editor still holds that preset (or is empty), else the edited,
-    validated list. Using the first n heads keeps the paths at most n deep, as the engine does."""
-    if preset in ("", "default"):
-        preset = model.default_tree
-    if not text.strip():
-        return preset
-    choices = parse_tree_json(text)
-    problem = tree_problem(len(choices)) if isinstance(choices, list) else None
-    if problem:  # before the preset is built to compare with: a pasted 10,000-path tree is refused at once
-        raise DecodingError(problem)
-    preset_choices = named_tree(model, preset).choices
-    if choices == preset_choices:
-        return preset
-    return [list(path) for path in checked_tree(choices, preset_choices, heads_count(model), num_heads).paths]
 
 
 def whole(value: object, name: str) -> int:
@@ -130,7 +114,10 @@ def whole(value: object, name: str) -> int:
 
 
 def option_value(name: str, value: object) -> int | None:
-    """A drafter setting as the page sends it: a whole number, PAGE_UNSET for unset (None)."""
+    """A drafter setting as the page sends it: a whole number, or None for unset (a slider's
+    PAGE_UNSET stop, where the setting may be unset)."""
+    if value is None:
+        return None
     number = whole(value, name)
     setting = drafter_setting(name)
     return None if number == PAGE_UNSET and setting is not None and setting.unset else number
@@ -158,27 +145,45 @@ def decode_settings(model: LoadedModel, request: RunRequest, methods: list[str] 
         high = setting_high(model, setting)
         if (options.get(setting.name) or 0) > high:
             raise DecodingError(f"{setting.name} on {model.name}: use 1 to {high:g} (or leave it unset)")
-    heads = options.get("num_heads") or heads_count(model)
     max_new_tokens = whole(request.max_new_tokens, "max_new_tokens")
     check_page_limits(request.prompt, max_new_tokens, None)
-    seed = -1 if request.seed is None else whole(request.seed, "seed")
+    tree = "default"
+    if takes_tree:  # checked here, before any model work; the engine reads it again as it runs
+        tree = edited_tree(model, request.preset, request.tree_text)
+        medusa_tree(model, tree, options.get("num_heads"))
     return check_settings(DecodeSettings(
         method=methods[0], max_new_tokens=max_new_tokens, acceptance=request.acceptance,
-        temperature=request.temperature, epsilon=request.epsilon, delta=request.delta,
-        seed=None if seed < 0 else seed,
-        tree=tree_spec(model, request.preset, request.tree_text, heads) if takes_tree else "default",
+        temperature=request.temperature, top_p=request.top_p, epsilon=request.epsilon, delta=request.delta,
+        seed=None if request.seed is None else whole(request.seed, "seed"), tree=tree,
         time_limit=PAGE_LIMITS.run_seconds, options=options,
     ))
 
 
-def api_request(prompt: str, model: str, tree: str, **fields: object) -> RunRequest:
-    """A `/trace` call as the page's request: `tree` is a preset name, "default" (the model's
-    own) or a choices list as JSON, which is checked as the tree editor's text is."""
+# What `/trace` takes by name, beside the prompt: the model, the drafter, the tree, the settings
+# every run has (decoding.settings.COMMON_SETTINGS) and each drafter's own (decoding.drafters).
+TRACE_SETTINGS = ("model", "method", "tree", "acceptance", *COMMON_SETTINGS)
+
+
+def trace_request(prompt: str, settings: object) -> RunRequest:
+    """A `/trace` call as the page's request. `settings` maps names (TRACE_SETTINGS and the
+    drafters' own) to values; a name left out, or null, takes its default. `tree` is a tree's
+    name or a choices list as JSON text, checked as the tree editor's text is."""
+    if settings is None:
+        settings = {}
+    if not isinstance(settings, dict):
+        raise DecodingError(f"settings must be an object of settings by name, such as "
+                            f"{{\"max_new_tokens\": 16}}, not {settings!r}")
+    named = {name: value for name, value in settings.items() if value is not None}
+    unknown = [name for name in named if name not in TRACE_SETTINGS and drafter_setting(name) is None]
+    if unknown:
+        known = [*TRACE_SETTINGS, *(s.name for cls in DRAFTERS.values() for s in cls.settings)]
+        raise DecodingError(f"/trace has no setting {unknown[0]!r}: it takes {', '.join(known)}")
+    tree = named.pop("tree", DEFAULTS.tree)
     if not isinstance(tree, str):
-        raise DecodingError(f"tree must be a preset name, \"default\" or a choices list as JSON text, not {tree!r}")
+        raise DecodingError(f"tree must be a tree's name or a choices list as JSON text, not {tree!r}")
     json_tree = tree.lstrip().startswith("[")
-    return RunRequest.of(prompt=prompt, model=model, preset="" if json_tree else tree,
-                         tree_text=tree if json_tree else "", **fields)
+    return RunRequest.of(prompt=prompt, **{"model": ""} | named, preset="" if json_tree else tree,
+                         tree_text=tree if json_tree else "")
 
 
 def race_request(request: RunRequest) -> RunRequest:

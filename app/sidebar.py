@@ -20,16 +20,18 @@ from decoding.errors import DecodingError
 from decoding.heads import heads_count
 from decoding.model import LoadedModel
 from decoding.race import default_lanes
-from decoding.settings import DecodeSettings, Setting
+from decoding.settings import COMMON_SETTINGS, DecodeSettings, Setting
 
 from . import lanes, training_views, views
 from .handlers import refusal, toast_text
-from .inputs import PAGE_UNSET, PLAYGROUND_TREE, describe_tree, format_choices
+from .inputs import PAGE_UNSET, PLAYGROUND_TREE, describe_tree, format_choices, option_value
 from .models import require_offered
 from .store import cache
 
 DEFAULTS = DecodeSettings()
 TREE_CONTROLS = ("preset", "tree_text", "tree_status")  # shown for a drafter that takes a tree
+SAMPLING_SETTINGS = ("temperature", "top_p")  # read by typical acceptance and sampling
+TYPICAL_SETTINGS = ("epsilon", "delta")  # read by typical acceptance alone
 
 
 def setting_slider(setting: Setting, model: LoadedModel, visible: bool) -> gr.Slider:
@@ -88,21 +90,31 @@ def tree_controls(model: LoadedModel, preset: str = PLAYGROUND_TREE) -> dict[str
     choices = named_tree(model, preset).choices
     text = format_choices(choices)
     return {"preset": dict(choices=menu, value=preset), "tree_text": text,
-            "tree_status": describe_tree(text, choices, heads_count(model), heads_count(model))}
+            "tree_status": describe_tree(model, preset, text, None)}
+
+
+def common_slider(name: str) -> gr.Slider:
+    """A slider for one of the settings every run has, from its declaration: its page range and
+    step, its label, and DecodeSettings' default (hidden until its acceptance rule is chosen)."""
+    setting = COMMON_SETTINGS[name]
+    low = setting.low if setting.page_low is None else setting.page_low
+    high = setting.high if setting.page_high is None else setting.page_high
+    return gr.Slider(low, high, value=getattr(DEFAULTS, name), step=setting.page_step, label=setting.title,
+                     visible=False, elem_id=name.replace("_", "-"))
 
 
 def acceptance_settings() -> dict[str, Component]:
-    """The acceptance rule and its numbers: a temperature and seed for sampling, ε and δ for
-    typical acceptance (hidden until their rule is chosen; see `acceptance_controls`)."""
+    """The acceptance rule and its numbers: a temperature, top-p and seed for sampling, ε and δ
+    for typical acceptance (hidden until their rule is chosen; see `acceptance_controls`). An
+    empty seed is the engine's unset one: a fresh random seed."""
+    seed = COMMON_SETTINGS["seed"]
     return dict(
         acceptance=gr.Radio([("greedy (output unchanged)", "greedy"), ("typical acceptance", "typical"),
                              ("lossless sampling", "sample")], value=DEFAULTS.acceptance, label="Acceptance",
                              elem_id="acceptance"),
-        temperature=gr.Slider(0.05, 2.0, value=DEFAULTS.temperature, step=0.05, label="Temperature", visible=False),
-        epsilon=gr.Slider(0.0, 0.5, value=DEFAULTS.epsilon, step=0.01, label="ε (hard threshold)", visible=False),
-        delta=gr.Slider(0.0, 1.0, value=DEFAULTS.delta, step=0.05, label="δ (entropy-scaled threshold)",
-                        visible=False),
-        seed=gr.Number(value=-1, precision=0, label="Seed (-1 = random)", visible=False),
+        **{name: common_slider(name) for name in SAMPLING_SETTINGS + TYPICAL_SETTINGS},
+        seed=gr.Number(value=DEFAULTS.seed, precision=0, minimum=seed.low, label=f"{seed.title} (empty: {seed.unset})",
+                       visible=False, elem_id="seed"),
     )
 
 
@@ -117,11 +129,11 @@ def drafter_controls(method: str) -> dict[str, dict]:
 
 
 def acceptance_controls(acceptance: str) -> dict[str, dict]:
-    """Visibility updates, by control name: temperature and seed matter only when sampling; ε and
-    δ only for typical acceptance."""
+    """Visibility updates, by control name: temperature, top-p and seed matter only when
+    sampling; ε and δ only for typical acceptance."""
     sampling, typical = acceptance != "greedy", acceptance == "typical"
-    return {"temperature": gr.update(visible=sampling), "epsilon": gr.update(visible=typical),
-            "delta": gr.update(visible=typical), "seed": gr.update(visible=sampling)}
+    return {**{name: gr.update(visible=sampling) for name in (*SAMPLING_SETTINGS, "seed")},
+            **{name: gr.update(visible=typical) for name in TYPICAL_SETTINGS}}
 
 
 def _load(name: str) -> LoadedModel:
@@ -160,20 +172,13 @@ def switch_model(name: str, previous: str, method: str) -> dict[str, object]:
             "train_heads": gr.Radio(choices=training_views.train_choices(model), value="1")}
 
 
-def _named_choices(model: LoadedModel, preset: str) -> list[list[int]] | None:
-    try:
-        return named_tree(model, preset).choices
-    except DecodingError:
-        return None
-
-
 def preset_text(model_name: str, preset: str) -> str:
-    choices = _named_choices(_load(model_name), preset)
-    return format_choices(choices) if choices is not None else gr.skip()
+    try:
+        return format_choices(named_tree(_load(model_name), preset).choices)
+    except DecodingError:
+        return gr.skip()
 
 
 def tree_status(text: str, num_heads: float, model_name: str, preset: str) -> str:
-    """The tree editor's status line; the heads slider's PAGE_UNSET means all the model's heads."""
-    model = _load(model_name)
-    heads = heads_count(model)
-    return describe_tree(text, _named_choices(model, preset), heads, int(num_heads) or heads)
+    """The tree editor's status line; the heads slider's PAGE_UNSET stop means all the model's heads."""
+    return describe_tree(_load(model_name), preset, text, option_value("num_heads", num_heads))

@@ -131,11 +131,11 @@ def _set_threads(args: argparse.Namespace) -> None:
 def _warn_past_page_limits(lm: LoadedModel, prompt: str, settings: DecodeSettings) -> None:
     """The CLI runs what the page would refuse (the machine is the user's), but says so."""
     from .drafters import DRAFTERS
+    from .drafters.medusa_heads import medusa_tree
     from .limits import page_problems
 
-    tree = settings.tree if settings.tree != "default" else lm.default_tree
     takes_tree = settings.method in DRAFTERS and DRAFTERS[settings.method].takes_tree
-    paths = (len(tree) if isinstance(tree, list) else len(lm.trees.get(tree, []))) if takes_tree else None
+    paths = medusa_tree(lm, settings.tree, settings.options.get("num_heads")).size - 1 if takes_tree else None
     for problem in page_problems(prompt, settings.max_new_tokens, paths):
         print(f"warning: {problem}. The page would refuse this run; the command line runs it.", file=sys.stderr)
 

@@ -47,6 +47,8 @@ class Setting:
     unset: str = ""  # what None asks for, where None is allowed
     label: str = ""  # the page's label; the name where empty
     page_high: float | None = None  # the page's slider stops here (the API takes up to `high`)
+    page_low: float | None = None  # ... and starts here (a temperature of 0.001 is greedy anyway)
+    page_step: float = 1  # the slider's step (a real number's finer than a whole number's)
     model_bound: bool = False  # the model bounds it further (its drafter's `model_limit`)
 
     @property
@@ -83,13 +85,15 @@ OPTION_NAMES: set[str] = set()
 COMMON_SETTINGS = {s.name: s for s in (
     Setting("max_new_tokens", None, 1, MAX_NEW_TOKENS_LIMIT, "tokens to write at most"),
     Setting("temperature", None, MIN_TEMPERATURE, MAX_TEMPERATURE, "sampling temperature (typical and sample)",
-            kind=float),
+            kind=float, label="Temperature", page_low=0.05, page_high=2.0, page_step=0.05),
     Setting("top_p", None, 1e-6, 1.0, "keep the smallest set of tokens whose probability reaches top_p "
-            "(typical and sample)", kind=float),
-    Setting("epsilon", None, 0.0, 1.0, "typical acceptance: hard probability threshold", kind=float),
-    Setting("delta", None, 0.0, 1.0, "typical acceptance: entropy-scaled threshold", kind=float),
+            "(typical and sample)", kind=float, label="Top-p (nucleus)", page_low=0.05, page_step=0.05),
+    Setting("epsilon", None, 0.0, 1.0, "typical acceptance: hard probability threshold", kind=float,
+            label="ε (hard threshold)", page_high=0.5, page_step=0.01),
+    Setting("delta", None, 0.0, 1.0, "typical acceptance: entropy-scaled threshold", kind=float,
+            label="δ (entropy-scaled threshold)", page_step=0.05),
     Setting("seed", None, 0, 2**64 - 1, "the sampler's seed (what torch's generator takes)",
-            unset="a fresh random seed"),
+            unset="a fresh random seed", label="Seed"),
 )}
 
 
@@ -111,7 +115,8 @@ class DecodeSettings:
     seed: int | None = None
     # "auto" for the tree that is fastest on this machine (see tree_choice.py), a preset name,
     # "default" for the one shipped with the heads, or a Medusa choices list such as
-    # [[0], [0, 0], [1]]. In a trace: the name of the tree the run verified.
+    # [[0], [0, 0], [1]] (or that list as JSON text). Read in one place: medusa_heads.medusa_tree.
+    # In a trace: the name of the tree the run verified.
     tree: str | list[list[int]] | None = "auto"
     detailed_trace: bool = True
     # Seconds of decoding after which the run stops where it is (stop reason "time_limit"); None:

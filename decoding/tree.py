@@ -80,6 +80,9 @@ def tree_graph(parents: Sequence[int]) -> nx.DiGraph:
     return graph
 
 
+NOT_A_TREE = "a tree needs a non-empty list of paths, e.g. [[0], [0, 0], [1]]"
+
+
 def read_choices(text: str) -> list[list[int]]:
     """A choices list written as JSON (`[[0], [0, 0], [1]]`), or a DecodingError saying where it
     is malformed. Its paths are checked when a tree is made of it (`Tree.from_choices`)."""
@@ -99,7 +102,7 @@ def _check_choices(choices: object, num_heads: int) -> list[tuple[int, ...]]:
     if isinstance(num_heads, bool) or not isinstance(num_heads, int):
         raise DecodingError(f"num_heads must be a whole number, not {num_heads!r}")
     if not isinstance(choices, (list, tuple)) or len(choices) == 0:
-        raise DecodingError("a tree needs a non-empty list of paths, e.g. [[0], [0, 0], [1]]")
+        raise DecodingError(NOT_A_TREE)
     paths: list[tuple[int, ...]] = []
     for path in choices:
         if not isinstance(path, (list, tuple)) or len(path) == 0:

@@ -23,11 +23,12 @@ from app.views import LEARN_FIGURES, STATS_FIGURES
 from app_helpers import on_a_new_thread
 from decoding.drafters import DRAFTERS
 from decoding.drafters.draft_model import NAME as DRAFT_MODEL
-from decoding.drafters.medusa_heads import named_tree
+from decoding.drafters.medusa_heads import medusa_tree, named_tree
 from decoding.errors import DecodingError
 from decoding.heads import heads_count
 from decoding.limits import PAGE_LIMITS
 from decoding.prompts import example_prompts
+from decoding.settings import DecodeSettings
 from decoding.tiny import make_tiny_model_dir
 from decoding.trace import RunTrace
 from scripts.screenshots import free_port
@@ -56,6 +57,11 @@ def client(demo):
     return Client(demo.local_url, verbose=False)
 
 
+def call_trace(client: Client, prompt: str, **settings: object) -> dict:
+    """A `/trace` call as a client writes it: the prompt, then the settings it changes, by name."""
+    return client.predict(prompt, settings, api_name="/trace")
+
+
 def test_runs_and_races_mark_no_visible_panel_pending(demo):
     """Gradio ticks a timer on every animation frame for each output it marks pending, shown or
     not; the model's events mark only a State, so the browser idles while runs are measured."""
@@ -77,7 +83,7 @@ def test_only_the_documented_endpoint_is_public(client):
 
 
 def test_trace_endpoint_returns_a_whole_run(client):
-    data = client.predict("It is a truth universally", 12, api_name="/trace")
+    data = call_trace(client, "It is a truth universally", max_new_tokens=12)
     trace = RunTrace.from_dict(data)
     assert len(trace.tokens) == 12 and trace.stop_reason == "max_new_tokens"
     assert trace.forward_passes == 1 + len(trace.rounds)
@@ -93,14 +99,14 @@ def test_trace_refuses_a_model_the_page_does_not_offer(client, tmp_path_factory)
     other = str(make_tiny_model_dir(tmp_path_factory.mktemp("other-model")))
     for name in (other, "gpt2", "../assets/models/austen"):
         with pytest.raises(Exception, match="not offered here"):
-            client.predict("It is", 4, "greedy", "default", 0, name, api_name="/trace")
+            call_trace(client, "It is", max_new_tokens=4, model=name)
     assert other not in cache.loaded()
 
 
 @pytest.mark.parametrize("method", ["draft-model", "prompt-lookup", "ar"])
 def test_trace_endpoint_runs_each_drafter_the_model_offers(client, method):
-    data = client.predict("It is a truth universally acknowledged, It is a truth", 10, "greedy", "default", 0, "",
-                          1.0, -1, method, 3, 5, api_name="/trace")
+    data = call_trace(client, "It is a truth universally acknowledged, It is a truth", max_new_tokens=10, method=method,
+                 draft_tokens=3, lookup_tokens=5)
     trace = RunTrace.from_dict(data)
     assert trace.settings.method == method and len(trace.tokens) == 10
     if method == "ar":
@@ -112,68 +118,72 @@ def test_trace_endpoint_runs_each_drafter_the_model_offers(client, method):
 
 
 @pytest.mark.parametrize("method, lengths, message", [
-    ("nonsense", (4, 10), "offers no drafter 'nonsense': choose one of ar, medusa, eagle, mtp, draft-model"),
-    ("draft-model", (0, 10), "draft_tokens must be a whole number from 1 to 64"),
-    ("prompt-lookup", (4, 65), "lookup_tokens must be a whole number from 1 to 64"),
-    ("prompt-lookup", (4, 2.5), "lookup_tokens must be a whole number, not 2.5"),
+    ("nonsense", {}, "offers no drafter 'nonsense': choose one of ar, medusa, eagle, mtp, draft-model"),
+    ("draft-model", {"draft_tokens": 0}, "draft_tokens must be a whole number from 1 to 64"),
+    ("prompt-lookup", {"lookup_tokens": 65}, "lookup_tokens must be a whole number from 1 to 64"),
+    ("prompt-lookup", {"lookup_tokens": 2.5}, "lookup_tokens must be a whole number, not 2.5"),
 ])
 def test_the_trace_endpoint_refuses_a_drafter_or_length_it_cannot_run(client, method, lengths, message):
     with pytest.raises(Exception, match=re.escape(message)):
-        client.predict("It is", 4, "greedy", "default", 0, "", 1.0, -1, method, *lengths, api_name="/trace")
+        call_trace(client, "It is", max_new_tokens=4, method=method, **lengths)
 
 
 def test_the_trace_endpoint_grows_eagles_tree_as_asked(client):
     """Depth, top-k and the verified size reach the EAGLE drafter: with 4 guesses fixed, every
     round verifies the root and exactly 4 guesses at most 2 levels deep; 0 asks for as many as pay."""
     prompt = "It is a truth universally acknowledged, It is a truth"
-    data = client.predict(prompt, 10, "greedy", "default", 0, "", 1.0, -1, "eagle", 3, 5, 2, 3, 4,
-                          api_name="/trace")
+    data = call_trace(client, prompt, max_new_tokens=10, method="eagle", eagle_depth=2, eagle_top_k=3, eagle_nodes=4)
     trace = RunTrace.from_dict(data)
     settings = trace.settings
     assert (settings.eagle_depth, settings.eagle_top_k, settings.eagle_nodes) == (2, 3, 4)
     assert trace.rounds and all(rnd.tree.size == 5 and max(map(len, rnd.tree.choices)) <= 2 for rnd in trace.rounds)
-    auto = RunTrace.from_dict(client.predict(prompt, 6, "greedy", "default", 0, "", 1.0, -1, "eagle", 3, 5, 2, 3, 0,
-                                             api_name="/trace"))
+    auto = RunTrace.from_dict(call_trace(client, prompt, max_new_tokens=6, method="eagle", eagle_depth=2,
+                                         eagle_top_k=3, eagle_nodes=None))
     assert auto.settings.eagle_nodes is None and auto.settings.eagle_depth == 2
 
 
 @pytest.mark.parametrize("eagle, message", [
-    ((0, 8, 0), "eagle_depth must be a whole number from 1 to 16, not 0"),
-    ((6, 17, 0), "eagle_top_k must be a whole number from 1 to 16, not 17"),
-    ((6, 8, 64), "eagle_nodes must be a whole number from 1 to 63"),
-    ((6, 8, -1), "eagle_nodes must be a whole number from 1 to 63"),
-    ((6, 8, 2.5), "eagle_nodes must be a whole number, not 2.5"),
+    ({"eagle_depth": 0}, "eagle_depth must be a whole number from 1 to 16, not 0"),
+    ({"eagle_top_k": 17}, "eagle_top_k must be a whole number from 1 to 16, not 17"),
+    ({"eagle_nodes": 64}, "eagle_nodes must be a whole number from 1 to 63"),
+    ({"eagle_nodes": -1}, "eagle_nodes must be a whole number from 1 to 63"),
+    ({"eagle_nodes": 2.5}, "eagle_nodes must be a whole number, not 2.5"),
 ])
 def test_the_trace_endpoint_refuses_an_eagle_tree_it_cannot_grow(client, eagle, message):
     with pytest.raises(Exception, match=re.escape(message)):
-        client.predict("It is", 4, "greedy", "default", 0, "", 1.0, -1, "eagle", 3, 5, *eagle, api_name="/trace")
+        call_trace(client, "It is", max_new_tokens=4, method="eagle", **eagle)
 
 
 def test_trace_endpoint_takes_a_custom_tree_and_fewer_heads(client):
-    data = client.predict("It is a truth", 6, "greedy", "[[0], [0, 0], [1]]", 2, api_name="/trace")
+    data = call_trace(client, "It is a truth", max_new_tokens=6, tree="[[0], [0, 0], [1]]", num_heads=2)
     assert data["tree"]["choices"] == [[0], [1], [0, 0]]
     assert data["settings"]["options"] == {"num_heads": 2}
 
 
-@pytest.mark.parametrize("args, message", [
-    (("", 8), "prompt is empty"),
-    (("It is", 0), "max_new_tokens must be from 1 to"),
-    (("It is", 8, "greedy", "[[0], [0"), "malformed"),
-    (("It is", 8, "greedy", "[[0, 0]]"), "has no parent"),
-    (("It is", 8, "sometimes"), "acceptance must be one of"),
-    (("It is", 8, "greedy", "default", 0, "no-such-model"), "not offered here"),
+@pytest.mark.parametrize("prompt, settings, message", [
+    ("", {}, "prompt is empty"),
+    ("It is", {"max_new_tokens": 0}, "max_new_tokens must be from 1 to"),
+    ("It is", {"tree": "[[0], [0"}, "malformed"),
+    ("It is", {"tree": "[[0, 0]]"}, "has no parent"),
+    ("It is", {"tree": 5}, "tree must be a tree's name or a choices list as JSON text, not 5"),
+    ("It is", {"acceptance": "sometimes"}, "acceptance must be one of"),
+    ("It is", {"model": "no-such-model"}, "not offered here"),
+    ("It is", {"top_p": 0}, "top_p must be a number from"),
+    ("It is", {"seed": -1}, "seed must be a whole number from 0"),
+    ("It is", {"max_new_tokens": 4, "num_head": 2}, "/trace has no setting 'num_head': it takes model, method, tree"),
+    ("It is", [4], "settings must be an object of settings by name"),
 ])
-def test_bad_input_comes_back_as_a_message(client, args, message):
-    with pytest.raises(Exception, match=message):
-        client.predict(*args, api_name="/trace")
+def test_bad_input_comes_back_as_a_message(client, prompt, settings, message):
+    with pytest.raises(Exception, match=re.escape(message) if "(" in message else message):
+        client.predict(prompt, settings, api_name="/trace")
 
 
 def test_the_app_still_answers_after_errors(client):
-    assert len(client.predict("Mr. Darcy", 4, api_name="/trace")["tokens"]) == 4
+    assert len(call_trace(client, "Mr. Darcy", max_new_tokens=4)["tokens"]) == 4
 
 
 def test_concurrent_visitors_take_turns_and_none_is_lost(client):
-    jobs = [client.submit(f"Visitor {i} says", 6, api_name="/trace") for i in range(3)]
+    jobs = [client.submit(f"Visitor {i} says", {"max_new_tokens": 6}, api_name="/trace") for i in range(3)]
     results = [job.result(timeout=120) for job in jobs]
     assert [r["prompt"] for r in results] == [f"Visitor {i} says" for i in range(3)]
     assert all(len(r["tokens"]) == 6 for r in results)
@@ -210,7 +220,8 @@ def test_an_unedited_preset_is_passed_by_name(model):
 
 def test_an_edited_tree_is_cut_to_the_heads_in_use(model):
     settings = _settings(model, "[[0], [0, 0], [0, 0, 0], [1]]", 2)
-    assert settings.tree == [[0], [1], [0, 0]] and settings.num_heads == 2
+    assert medusa_tree(model, settings.tree, settings.num_heads).choices == [[0], [1], [0, 0]]
+    assert settings.num_heads == 2
 
 
 @pytest.mark.parametrize("tree_text, overrides, message", [
@@ -375,7 +386,7 @@ def test_a_model_that_is_not_fetched_is_named_with_the_command_that_gets_it(monk
 
 def test_error_toasts_show_a_typed_tag_as_text(client):
     with pytest.raises(Exception, match="&lt;img src=x&gt;"):
-        client.predict("It is", 4, "<img src=x>", api_name="/trace")
+        call_trace(client, "It is", max_new_tokens=4, tree="<img src=x>")
 
 
 # ----------------------------------------------------------------------------- the server's protection
@@ -389,16 +400,16 @@ def ten_thousand_path_tree() -> str:
 
 def test_a_ten_thousand_node_tree_and_a_long_prompt_are_refused_at_once_and_others_are_served(client):
     started = time.perf_counter()
-    huge_tree = client.submit("It is", 8, "greedy", ten_thousand_path_tree(), api_name="/trace")
-    long_prompt = client.submit("It is a truth " * 1500, 8, api_name="/trace")
-    other = client.submit("Mr. Darcy", 4, api_name="/trace")
+    huge_tree = client.submit("It is", {"max_new_tokens": 8, "tree": ten_thousand_path_tree()}, api_name="/trace")
+    long_prompt = client.submit("It is a truth " * 1500, {"max_new_tokens": 8}, api_name="/trace")
+    other = client.submit("Mr. Darcy", {"max_new_tokens": 4}, api_name="/trace")
     with pytest.raises(Exception, match="the tree has 10001 nodes .*at most 128"):
         huge_tree.result(timeout=60)
     with pytest.raises(Exception, match="the prompt is 21,000 characters; this page reads at most 4,000"):
         long_prompt.result(timeout=60)
     assert len(other.result(timeout=60)["tokens"]) == 4
     assert time.perf_counter() - started < 30  # generous: refusing takes milliseconds, running them minutes
-    assert len(client.predict("Mr. Bingley", 4, api_name="/trace")["tokens"]) == 4
+    assert len(call_trace(client, "Mr. Bingley", max_new_tokens=4)["tokens"]) == 4
 
 
 def test_too_few_and_too_many_tokens_get_one_limit_in_one_message_and_one_log_line(client, capfd, caplog):
@@ -407,7 +418,7 @@ def test_too_few_and_too_many_tokens_get_one_limit_in_one_message_and_one_log_li
         capfd.readouterr()
         caplog.clear()
         with pytest.raises(Exception) as refused:
-            client.predict("It is", tokens, api_name="/trace")
+            call_trace(client, "It is", max_new_tokens=tokens)
         messages.append(str(refused.value).replace(str(tokens), "N"))
         time.sleep(0.2)  # the server logs as it sends the refusal
         printed = capfd.readouterr()
@@ -424,7 +435,7 @@ def test_the_page_refuses_a_huge_tree_before_building_it(model, monkeypatch):
         raise AssertionError("the tree was built")
 
     monkeypatch.setattr(decoding.tree.Tree, "from_choices", never)
-    status = describe_tree(ten_thousand_path_tree(), model.trees[model.default_tree], heads_count(model), 2)
+    status = describe_tree(model, model.default_tree, ten_thousand_path_tree(), 2)
     assert status.startswith("⚠ the tree has 10001 nodes")
     with pytest.raises(DecodingError, match="10001 nodes"):
         _settings(model, ten_thousand_path_tree(), 2)
@@ -483,7 +494,7 @@ def test_the_app_loads_runs_races_and_traces_on_one_thread_whichever_thread_asks
         while (update := on_a_new_thread(next, steps, None)) is not None:
             updates.append(update)
         assert "run_state" in updates[-1]
-    assert len(on_a_new_thread(api.trace_api, "It is a truth", 8)["tokens"]) == 8
+    assert len(on_a_new_thread(api.trace_api, "It is a truth", {"max_new_tokens": 8})["tokens"]) == 8
     kinds = {kind for kind, _ in ran_on}
     threads = {name for _, name in ran_on}
     assert kinds == {"load", "pass"} and len(threads) == 1, threads
@@ -632,3 +643,33 @@ def test_the_race_races_the_fastest_tree_unless_told_to_race_the_playgrounds(mod
         request, race_tree="playground")
     with pytest.raises(DecodingError, match="race's tree"):
         race_request(dataclasses.replace(request, race_tree="biggest"))
+
+
+def test_the_acceptance_controls_come_from_the_settings_declarations_and_reach_the_run(model):
+    """Every number the acceptance rules read has a control whose range, step and label are its
+    declaration's (top_p among them); the page's values reach the engine's settings; an empty
+    seed is the engine's unset one, and a negative one is refused, not taken for "random"."""
+    from app.sidebar import acceptance_controls, acceptance_settings
+    from decoding.settings import COMMON_SETTINGS
+
+    controls = acceptance_settings()
+    for name in ("temperature", "top_p", "epsilon", "delta"):
+        setting, slider = COMMON_SETTINGS[name], controls[name]
+        assert slider.label == setting.title and slider.step == setting.page_step
+        assert setting.low <= slider.minimum < slider.maximum <= setting.high
+    assert controls["seed"].value is None
+    shown = {name for name, update in acceptance_controls("sample").items() if update["visible"]}
+    assert shown == {"temperature", "top_p", "seed"}
+    sampled = _settings(model, "", 2, acceptance="sample", temperature=0.7, top_p=0.8, seed=None)
+    assert (sampled.temperature, sampled.top_p, sampled.seed) == (0.7, 0.8, None)
+    assert _settings(model, "", 2, acceptance="sample", seed=5.0).seed == 5
+    with pytest.raises(DecodingError, match="seed must be a whole number from 0"):
+        _settings(model, "", 2, acceptance="sample", seed=-1)
+
+
+def test_trace_takes_top_p_and_the_engines_tree_default(model):
+    from app.inputs import trace_request
+
+    request = trace_request("It is", {"acceptance": "sample", "top_p": 0.5, "seed": 3, "num_heads": None})
+    settings = decode_settings(model, dataclasses.replace(request, model=model.name))
+    assert (settings.top_p, settings.seed, settings.tree) == (0.5, 3, DecodeSettings().tree)

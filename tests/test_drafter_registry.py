@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from app import lanes
-from app.inputs import RunRequest, decode_settings
+from app.inputs import RunRequest, decode_settings, trace_request
 from app.sidebar import drafter_controls
 from decoding import DecodeSettings, DecodingError, generate
 from decoding.bench import run_bench
@@ -72,6 +72,9 @@ def test_a_registered_drafter_is_offered_everywhere(repeat, tiny_llama):
     assert drafter_controls("repeat")["repeat_tokens"]["visible"]
     request = RunRequest.of(prompt="abc", model=tiny_llama.name, method="repeat", repeat_tokens=4)
     assert decode_settings(tiny_llama, request).repeat_tokens == 4
+    # /trace: its setting, by the name it declares.
+    request = trace_request("abc", {"method": "repeat", "repeat_tokens": 5})
+    assert decode_settings(tiny_llama, request).repeat_tokens == 5
 
 
 def test_unknown_names_are_refused_in_one_line(tiny_llama):

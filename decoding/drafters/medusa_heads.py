@@ -21,7 +21,7 @@ from ..model_files import local_or_hub
 from ..passes import draft
 from ..settings import DecodeSettings, Setting
 from ..trace import DrafterInfo
-from ..tree import Tree
+from ..tree import Tree, read_choices
 from ..tree_choice import AUTO_TREE, EVERY_HEAD_TREE, TreeChoice, choose_tree
 from .base import Drafter, ModelFiles, Proposal, root_only
 from .registry import register
@@ -33,15 +33,30 @@ CHOSEN_TREES = {AUTO_TREE: "the fastest tree here", EVERY_HEAD_TREE: "the fastes
 
 
 def resolve_tree(lm: LoadedModel, settings: DecodeSettings) -> Tree:
-    """The tree to verify each round: one of the model's trees by name, or a custom choices list."""
+    """The tree to verify each round, as the settings ask for it (`medusa_tree`)."""
+    return medusa_tree(lm, settings.tree, settings.options.get("num_heads"))
+
+
+def medusa_tree(lm: LoadedModel, spec: str | list[list[int]] | None, num_heads: int | None = None) -> Tree:
+    """The one place a tree is read: `spec` is a tree's name ("default": the heads' own), or a
+    choices list, as a list or as JSON text (`[[0], [0, 0], [1]]`). A choices list must fit the
+    model's heads; then, as a preset, it is cut to the first `num_heads` heads (default: all), so
+    its paths are at most `num_heads` deep. Runs and the page's tree editor both read it here."""
     part = medusa_part(lm)
     if part is None:
         raise DecodingError(MedusaHeadsDrafter.missing(lm))
-    num_heads = settings.options.get("num_heads") or part.num_heads
+    num_heads = num_heads or part.num_heads
     if num_heads > part.num_heads:
         raise DecodingError(f"{lm.name} has {part.num_heads} heads; cannot use {num_heads}")
-    spec = lm.default_tree if settings.tree == "default" else settings.tree
-    tree = named_tree(lm, spec, num_heads) if isinstance(spec, str) else Tree.from_choices(spec, num_heads)
+    if spec is None or spec == "default":
+        spec = lm.default_tree
+    if isinstance(spec, str) and spec.lstrip().startswith("["):
+        spec = read_choices(spec)
+    if isinstance(spec, str):
+        tree = named_tree(lm, spec, num_heads)
+    else:
+        Tree.from_choices(spec, part.num_heads)  # every path fits the model's heads
+        tree = Tree.pruned(spec, num_heads, "custom")
     vocab = part.heads.guess_vocab_size
     if tree.top_k > vocab:
         raise DecodingError(f"the tree reads rank {tree.top_k - 1} but the vocabulary has {vocab} tokens")
