@@ -18,7 +18,7 @@ def trace_api(prompt: str, settings: dict | None = None) -> dict:
 
     `settings` names what to change from the defaults (app.inputs.TRACE_SETTINGS and each
     drafter's own settings, as `python -m decoding generate --help` lists them), e.g.
-    `{"model": "smollm2", "method": "eagle", "eagle_depth": 4, "max_new_tokens": 32}`. A setting
+    `{"model": "smollm2", "max_new_tokens": 32, "acceptance": "sample", "seed": 1}`. A setting
     left out or null takes its default: the page's default model, the drafter `medusa`, the tree
     "auto" (a tree's name, or a choices list as JSON text), a fresh random seed. `method` is a
     drafter the model offers or "ar" (plain decoding). The page's limits (decoding.limits) apply,

@@ -5,18 +5,13 @@ compact (examples in a menu, not a table), the results' tabs follow at once, and
 or Race scrolls them to the top. The settings live in a sidebar that starts closed on narrow
 screens and in projector mode.
 
-Every event that runs the model shares one concurrency id (`MODEL_QUEUE`, limit 1): visitors
-queue for the model, up to `PAGE_LIMITS.queue_size` waiting (see decoding.limits). Only
-`/trace` is a public API endpoint; every other event is private (`api_visibility="private"`),
-so the API page lists what the README documents.
+Which event runs which handler is in events.py (one queue for the model's work, every event
+private); here, only `/trace` is public, so the API page lists what the README documents.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-
 import gradio as gr
-from gradio.components import Component
 
 from decoding import available_drafters
 from decoding.assets import ASSETS_DIR
@@ -27,6 +22,16 @@ from decoding.settings import DecodeSettings
 
 from . import handlers, lanes, sidebar, store, training_views
 from .api import trace_api
+from .events import (
+    MODEL_QUEUE,
+    PRIVATE,
+    handler_of,
+    waiting_notice,
+    wire_rounds,
+    wire_runs,
+    wire_settings,
+    wire_training,
+)
 from .figure_style import MASK_SHARE, SIDEBAR_CLOSED_BELOW, SIDEBAR_PX, message_figure
 from .gpu import ON_ZERO_GPU, gpu
 from .handlers import Page
@@ -35,10 +40,7 @@ from .models import model_choices, model_note, warm_up
 from .race_views import RACE_IDLE
 from .text import Step, load_steps, load_text, render_steps
 from .views import learn_banner, learn_figures, model_card, stats_figures, stats_text, stream_view
-from .waiting import BOARD
 
-MODEL_QUEUE = "model"
-PRIVATE = dict(api_visibility="private")
 WAITING_EVERY = 2.0  # seconds between a page's looks at what the model is busy with
 PLAY_EVERY = 1.5  # seconds per round when playing; drawing a 64-node round takes most of a second
 # The embedded code model: small enough that its verify pass costs little more than a step on a
@@ -64,14 +66,10 @@ ON_LOAD = f"""() => {{ if (window.innerWidth < {SIDEBAR_CLOSED_BELOW}) {{ {CLOSE
 TOGGLE_PROJECTOR = f"""(on) => {{ document.body.classList.toggle('projector', on);
   if (on) {{ {CLOSE_SIDEBAR} }} return on; }}"""
 # After Run the results' tabs go to the top; on a projector, the round's tree itself.
-SCROLL_TO_RESULTS = """() => { document.getElementById('results')?.scrollIntoView({block: 'start'}); }"""
-SCROLL_TO_TRAINING = """() => { document.getElementById('train-status')?.scrollIntoView({block: 'start'}); }"""
-SCROLL_TO_ROUND = """() => { const projector = document.body.classList.contains('projector');
-  document.getElementById(projector ? 'round-controls' : 'results')?.scrollIntoView({block: 'start'}); }"""
 POINT_AT = """() => {{ const el = document.getElementById('{elem}');
   if (el) {{ el.scrollIntoView({{behavior: 'smooth', block: 'center'}}); el.classList.add('pointed');
              setTimeout(() => el.classList.remove('pointed'), 2200); }} }}"""
-# A click on a pass in the output stream selects its round (see handlers.jump_to_round).
+# A click on a pass in the output stream selects its round (see rounds.jump_to_round).
 # New output scrolls into view, or the marked round when one is selected.
 FOLLOW_OUTPUT = """watch('value', () => { for (const box of element.querySelectorAll('.stream')) {
   const current = box.querySelector('.pass.current');
@@ -182,20 +180,20 @@ def build_demo() -> gr.Blocks:
             **{k: v for k, v in race_tab.items() if k not in ("races", "lanes", "race_tree")},
             **{k: v for k, v in train_tab.items() if k != "train_button"},
         )
-        _wire_runs(page, run_btn, race_btn)
-        _wire_training(page, train_tab["train_button"])
+        wire_runs(page, run_btn, race_btn)
+        wire_training(page, train_tab["train_button"])
         # Outside the queue: a waiting visitor's page asks every few seconds what the model is busy
         # with, and those questions must neither wait behind the model nor fill the queue.
-        waiting_timer.tick(_waiting_notice, None, waiting_md, queue=False, show_progress="hidden",
+        waiting_timer.tick(waiting_notice, None, waiting_md, queue=False, show_progress="hidden",
                                      **PRIVATE)
-        _wire_rounds(page)
-        _wire_settings(page, model_dd, current_model, model_md, example_dd, examples, drafter["tree_status"])
+        wire_rounds(page)
+        wire_settings(page, model_dd, current_model, model_md, example_dd, examples, drafter["tree_status"])
         if code is not None:  # one click: its example prompt and its model (the menu's change loads it)
             try_code.click(lambda: code, None, [prompt, model_dd], **PRIVATE)
         demo.load(None, None, width, js=ON_LOAD, **PRIVATE)
         tabs.change(None, js=RESIZE_PLOTS, **PRIVATE)
         projector.change(None, projector, None, js=TOGGLE_PROJECTOR, **PRIVATE)
-        projector.change(_handler(handlers.redraw, page), {run_state, race_state, page.slider, projector, width,
+        projector.change(handler_of(handlers.redraw, page), {run_state, race_state, page.slider, projector, width,
                                                            page.trained_state, page.use_trained},
                          [page.tree_plot, page.mask_plot, page.race_plot, *page.stats_plots.values(),
                           *page.learn_plots.values()],
@@ -266,131 +264,6 @@ def _train_tab(model) -> dict:
                       interactive=False, elem_id="use-trained")
     return dict(train_heads=heads, train_seconds=seconds, train_button=button, train_status=status,
                 train_plot=plot, use_trained=use, trained_state=gr.State(None))
-
-
-def _wire_training(page: Page, button: gr.Button) -> None:
-    """Train queues for the model like a run (MODEL_QUEUE): one training or run at a time."""
-    button.click(gpu(_streaming(handlers.train_heads, page), duration=180),
-                 {page.request["model"], page.train_heads, page.train_seconds, page.projector, page.width},
-                 [page.train_status, page.train_plot, page.trained_state, page.use_trained, page.waiting_timer],
-                 concurrency_id=MODEL_QUEUE, concurrency_limit=1, show_progress="hidden",
-                 show_progress_on=page.trained_state, **PRIVATE)
-    button.click(None, js=SCROLL_TO_TRAINING, **PRIVATE)
-
-
-def _handler(fn: Callable, page: Page) -> Callable[[dict], dict]:
-    """`fn(page, values)` as a one-argument event handler (Gradio passes a set's values as a dict)."""
-    def handler(values: dict) -> dict:
-        return fn(page, values)
-    return handler
-
-
-def _in_session(fn: Callable, page: Page) -> Callable[[dict, gr.Request], dict]:
-    """`fn(page, values, session)` as an event handler that knows which page asked (app/waiting.py)."""
-    def handler(values: dict, request: gr.Request) -> dict:
-        return fn(page, values, request.session_hash or "")
-    return handler
-
-
-def _streaming(fn: Callable, page: Page) -> Callable[[dict, gr.Request], Iterator[dict]]:
-    """`fn(page, values, session)` as a streaming event handler; the session tells this page's own
-    model work from another visitor's (app/waiting.py)."""
-    def handler(values: dict, request: gr.Request) -> Iterator[dict]:
-        yield from fn(page, values, request.session_hash or "")
-    return handler
-
-
-def _waiting_notice(request: gr.Request) -> str:
-    return BOARD.notice(request.session_hash or "")
-
-
-def _wire_runs(page: Page, run_btn: gr.Button, race_btn: gr.Button) -> None:
-    after = dict(fn=_in_session(handlers.after_run, page),
-                 inputs={page.run_state, page.race_state, page.projector, page.width, page.trained_state,
-                         page.use_trained},
-                 outputs=page.after_run(), **PRIVATE)
-    # No progress animation: the run's summary and the race's status line say where they are, and
-    # Gradio's ticking timers kept the browser drawing on the cores the measured runs need. Gradio
-    # ticks one every animation frame for each output it marks pending, even hidden: so it marks
-    # only a State, which draws nothing.
-    model_work = dict(concurrency_id=MODEL_QUEUE, concurrency_limit=1, show_progress="hidden", **PRIVATE)
-    run_outputs = [page.tabs, page.run_state, *page.playground(), page.waiting_timer]
-    for trigger in (run_btn.click, page.request["prompt"].submit):
-        trigger(gpu(_streaming(handlers.run_drafter, page)), page.inputs(), run_outputs,
-                show_progress_on=page.run_state, **model_work).then(**after)
-    run_btn.click(None, js=SCROLL_TO_ROUND, **PRIVATE)
-    race_btn.click(None, js=SCROLL_TO_RESULTS, **PRIVATE)
-    race_outputs = [page.tabs, page.run_state, page.race_state, *page.race_views(), page.waiting_timer]
-    race_btn.click(gpu(_streaming(handlers.run_race, page), duration=300), page.inputs(), race_outputs,
-                   show_progress_on=page.race_state, **model_work).then(
-        _handler(handlers.show_run, page), {page.run_state, page.projector, page.width}, page.playground(),
-        **PRIVATE,
-    ).then(**after)
-
-
-def _wire_rounds(page: Page) -> None:
-    """Stepping through a finished run's rounds: slider, buttons, Play, and clicks on the stream."""
-    inputs = {page.run_state, page.slider, page.projector, page.width}
-    outputs = page.round_views()
-    # A step takes a fraction of a second: a "processing" badge on every panel would only flicker.
-    quiet = dict(show_progress="hidden", **PRIVATE)
-
-    def show(values: dict) -> dict:
-        return handlers.show_round(page, values, int(values[page.slider]) - 1)
-
-    def previous(values: dict) -> dict:
-        return handlers.step_round(page, values, -1)
-
-    def following(values: dict) -> dict:
-        return handlers.step_round(page, values, +1)
-
-    def clicked(values: dict, event: handlers.RoundClick) -> dict:
-        return handlers.jump_to_round(page, values, event)
-
-    page.slider.release(show, inputs, outputs, **quiet)
-    page.prev_button.click(previous, inputs, outputs, **quiet)
-    page.next_button.click(following, inputs, outputs, **quiet)
-    page.stream_box.click(clicked, inputs, outputs, **quiet)
-    play_outputs = [*outputs, page.playing, page.play_timer, page.play_button]
-    page.play_button.click(_handler(handlers.toggle_play, page), inputs | {page.playing}, play_outputs, **quiet)
-    page.play_timer.tick(_handler(handlers.play_tick, page), inputs, play_outputs, **quiet)
-
-
-def _by_name(fn: Callable[..., dict], components: dict[str, Component], example: object = None,
-             names: tuple[str, ...] | None = None) -> tuple[Callable[..., dict], list[Component]]:
-    """`fn`, which returns updates by name, as a Gradio handler returning them by component, and
-    the components it may update (`names`, or the names it returns for `example`)."""
-    outputs = [components[name] for name in (names or fn(example))]
-
-    def handler(*args: object) -> dict:
-        return {components[name]: update for name, update in fn(*args).items()}
-    return handler, outputs
-
-
-def _wire_settings(page: Page, model_dd: gr.Dropdown, current_model: gr.State, model_md: gr.Markdown,
-                   example_dd: gr.Dropdown, examples: list[tuple[str, str]], tree_md: gr.Markdown) -> None:
-    request = page.request
-    controls = {**request, "tree_status": tree_md, "model": model_dd, "current_model": current_model,
-                "model_card": model_md, "train_heads": page.train_heads}
-    show, outputs = _by_name(sidebar.acceptance_controls, controls, DEFAULTS.acceptance)
-    request["acceptance"].change(show, request["acceptance"], outputs, **PRIVATE)
-    switch, outputs = _by_name(sidebar.switch_model, controls, names=sidebar.SWITCH_MODEL_OUTPUTS)
-    model_dd.change(gpu(switch, duration=180), [model_dd, current_model, request["method"]], outputs,
-                    concurrency_id=MODEL_QUEUE, concurrency_limit=1, **PRIVATE)
-    show, outputs = _by_name(sidebar.drafter_controls, controls, DEFAULTS.method)
-    request["method"].change(show, request["method"], outputs, **PRIVATE)
-    request["preset"].change(sidebar.preset_text, [model_dd, request["preset"]], request["tree_text"], **PRIVATE)
-    for source in (request["tree_text"].change, request["num_heads"].change):
-        source(sidebar.tree_status, [request["tree_text"], request["num_heads"], model_dd, request["preset"]],
-               tree_md, **PRIVATE)
-
-    def pick_example(index: str | None) -> tuple:
-        if index is None:
-            return gr.skip(), gr.skip()
-        prompt, model = examples[int(index)]
-        return prompt, model
-
-    example_dd.change(pick_example, example_dd, [request["prompt"], model_dd], **PRIVATE)
 
 
 def _walkthrough(steps: list[Step], tabs: gr.Tabs) -> tuple[list[gr.Markdown], dict[str, gr.Plot]]:

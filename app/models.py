@@ -28,7 +28,7 @@ from decoding.fetch import WHEEL_MODELS, is_fetched, not_fetched_message
 from decoding.loading import available_models, embedded_model_title, embedded_models, load_model
 from decoding.loops import generate
 from decoding.model import LoadedModel
-from decoding.registry import MODEL_REGISTRY
+from decoding.published import MODEL_REGISTRY
 from decoding.settings import WARM_UP_TOKENS, DecodeSettings
 from decoding.tiny import make_tiny_model_dir
 

@@ -17,7 +17,7 @@ from decoding import available_drafters
 from decoding.drafters import DRAFTERS, Drafter, setting_high
 from decoding.drafters.medusa_heads import CHOSEN_TREES, named_tree, tree_names
 from decoding.errors import DecodingError
-from decoding.heads import heads_count
+from decoding.medusa_modules import heads_count
 from decoding.model import LoadedModel
 from decoding.race import default_lanes
 from decoding.settings import COMMON_SETTINGS, DecodeSettings, Setting

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from decoding.heads import heads_count
+from decoding.medusa_modules import heads_count
 from decoding.trace import RunTrace
 from decoding.training.quick_heads import TrainedHeads, TrainingTrace
 

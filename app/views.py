@@ -13,8 +13,8 @@ import plotly.graph_objects as go
 
 from decoding import available_drafters
 from decoding.drafters.medusa_heads import fastest_tree_forecast
-from decoding.heads import heads_count
 from decoding.limits import PAGE_LIMITS
+from decoding.medusa_modules import heads_count
 from decoding.model import LoadedModel
 from decoding.race import RaceResult
 from decoding.stats import round_cost, round_end_times, verify_cost

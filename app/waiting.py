@@ -1,6 +1,6 @@
 """What the model is busy with, for a visitor whose Run or Race waits its turn. No Gradio here.
 
-Model work runs one event at a time (layout.MODEL_QUEUE), so a second visitor during a race
+Model work runs one event at a time (events.MODEL_QUEUE), so a second visitor during a race
 would see only the queue's "1/1" for as long as the race takes. The running event writes what
 it is doing here (who leads, about how long is left), and each page reads it every few seconds.
 """

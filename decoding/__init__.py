@@ -18,7 +18,7 @@ _HOMES = {
     "autoregressive_decode": "loops", "generate": "loops", "speculative_decode": "loops", "stream": "loops",
     "LoadedModel": "model", "available_models": "loading", "embedded_model_title": "loading",
     "embedded_models": "loading", "load_model": "loading",
-    "MODEL_REGISTRY": "registry", "RegistryEntry": "registry",
+    "MODEL_REGISTRY": "published", "RegistryEntry": "published",
     "DecodeSettings": "settings", "DRAFTERS": "drafters", "available_drafters": "drafters",
     "check_settings": "drafters", "register": "drafters",
     "RoundTrace": "trace", "RunSettings": "trace", "RunTrace": "trace", "TreeTrace": "trace",

@@ -32,7 +32,7 @@ from transformers import PreTrainedModel
 from .assets import HEADS_CONFIG as OWN_HEADS_CONFIG
 from .assets import read_heads_config
 from .errors import DecodingError
-from .heads import HeadsConfig, MedusaHeads
+from .medusa_modules import HeadsConfig, MedusaHeads
 
 V01_WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 V01_CONFIG = "config.json"

@@ -247,11 +247,11 @@ def _bench_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _training(name: str) -> Callable[[argparse.ArgumentParser], None]:
-    """A training command's arguments. They live with the training code (`decoding/training/cli.py`),
+    """A training command's arguments. They live with the training code (`decoding/training/training_cli.py`),
     which is imported only when the command is named: the engine never imports it otherwise."""
 
     def add_arguments(p: argparse.ArgumentParser) -> None:
-        from .training.cli import TRAINING_COMMANDS
+        from .training.training_cli import TRAINING_COMMANDS
 
         add, run = TRAINING_COMMANDS[name]
         add(p)
@@ -292,8 +292,8 @@ def cmd_quick_train(args: argparse.Namespace) -> int:
     """What the page's Train tab does, at the command line: read, train for --seconds, measure."""
     from dataclasses import replace
 
-    from .heads import MEDUSA, heads_count
     from .limits import PAGE_LIMITS
+    from .medusa_modules import MEDUSA, heads_count
     from .training.quick_heads import TrainedHeads, train_heads_live
 
     _set_threads(args)

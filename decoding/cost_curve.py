@@ -37,9 +37,9 @@ import torch
 from .atomic import write_atomically
 from .features import FINAL_STATE
 from .fetch import cache_root
-from .heads import heads_count, medusa_part
 from .kv_cache import compact_cache, new_cache
 from .machine_load import BUSY_CORES, LoadMeter
+from .medusa_modules import heads_count, medusa_part
 from .model import LoadedModel
 from .passes import decode_one_token, draft, run_model, verify_tree
 from .trace import CostCurve

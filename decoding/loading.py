@@ -23,13 +23,13 @@ from .checkpoints import is_v01_directory, v01_base_model
 from .drafters import DRAFTERS, ModelFiles, drafter_class
 from .errors import DecodingError
 from .fetch import WHEEL_MODELS, fetched_dir, is_fetched
-from .heads import MEDUSA
+from .medusa_modules import MEDUSA
 from .model import LoadedModel, stop_token_ids
 from .model_files import context_length, download, is_hub_id, load_causal_lm, load_tokenizer
 from .one_kernel_linear import use_one_kernel
 from .packed_linear import pack_linear_layers
 from .precision import choose_cpu_dtype, fits_in_caches
-from .registry import MODEL_REGISTRY, RegistryEntry
+from .published import MODEL_REGISTRY, RegistryEntry
 from .selftest import check_tree_attention
 from .tree import TREE_PRESETS
 

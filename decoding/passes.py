@@ -13,7 +13,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import CacheLayerMixin
 
 from .features import FINAL_STATE, chosen_states
-from .heads import MedusaPart
+from .medusa_modules import MedusaPart
 from .model import LoadedModel
 from .tree import Tree
 

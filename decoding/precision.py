@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .cost_curve import model_cost_curve
-from .heads import medusa_part
+from .medusa_modules import medusa_part
 from .model import LoadedModel
 from .packed_linear import MIN_TIMED_BYTES
 from .tree_choice import choose_tree

@@ -22,9 +22,9 @@ from transformers import (
     Qwen2Config,
 )
 
-from .eagle import EAGLE_DIR, EagleConfig, EagleHead
-from .heads import HeadsConfig, MedusaHeads
-from .mtp import MTP_DIR, MTPConfig, MTPModules
+from .eagle_layer import EAGLE_DIR, EagleConfig, EagleHead
+from .medusa_modules import HeadsConfig, MedusaHeads
+from .mtp_modules import MTP_DIR, MTPConfig, MTPModules
 
 TOKENIZER_TEXT = (
     "It is a truth universally acknowledged, that a single man in possession of a good fortune, "

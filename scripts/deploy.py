@@ -188,7 +188,7 @@ def hub_models() -> list[str]:
     """Every hub model the app can load: the registry's bases, heads and draft models, then the wheel
     models' originals."""
     from decoding.fetch import WHEEL_MODELS
-    from decoding.registry import MODEL_REGISTRY
+    from decoding.published import MODEL_REGISTRY
 
     ids = [i for entry in MODEL_REGISTRY.values() for i in (entry.base, entry.heads, entry.draft) if i]
     ids += [model.hub_id for model in WHEEL_MODELS.values()]

@@ -20,6 +20,6 @@ python -m decoding record --model "$MODEL" --questions "$QUESTIONS" --device cud
   --out "$OUT/recording"
 python -m decoding train-eagle --model "$MODEL" --recorded "$OUT/recording" --device cuda --out "$OUT/eagle" \
   --epochs 20 --batch-tokens 4096 --heldout-shards 4 --validation-shards 4 --resume
-# Medusa's heads read no base pass while they train (recorded.py): the CPU trains them.
+# Medusa's heads read no base pass while they train (recorded_heads.py): the CPU trains them.
 python -m decoding train-heads --model "$MODEL" --recorded "$OUT/recording" --out "$OUT/heads" \
   --epochs 10 --heldout-shards 4 --validation-shards 4 --patience 2

@@ -25,8 +25,8 @@ from decoding.drafters import DRAFTERS
 from decoding.drafters.draft_model import NAME as DRAFT_MODEL
 from decoding.drafters.medusa_heads import medusa_tree, named_tree
 from decoding.errors import DecodingError
-from decoding.heads import heads_count
 from decoding.limits import PAGE_LIMITS
+from decoding.medusa_modules import heads_count
 from decoding.prompts import example_prompts
 from decoding.settings import DecodeSettings
 from decoding.tiny import make_tiny_model_dir

@@ -17,8 +17,8 @@ import pytest
 
 from app.layout import PLAY_EVERY
 from decoding.assets import RECORDINGS_ENV
-from decoding.heads import medusa_part
 from decoding.loading import embedded_models, load_model
+from decoding.medusa_modules import medusa_part
 from decoding.prompts import example_prompts
 from decoding.tiny import make_tiny_model_dir
 from scripts.screenshots import (

@@ -22,7 +22,7 @@ from app.models import ModelCache
 from app.text import load_steps, render_steps
 from app.tree_figures import mask_figure
 from app_helpers import SMALL_CHOICES, carries, make_ar_run, make_eagle_run, make_race, make_run, numbers_in
-from decoding.heads import MEDUSA
+from decoding.medusa_modules import MEDUSA
 from decoding.race import race
 from decoding.settings import DecodeSettings
 

@@ -10,7 +10,7 @@ from app import handlers
 from app.store import cache
 from app.text import load_steps, render_steps
 from app.training_views import TRAINING_INVITATION, training_figure, training_status, training_step_values
-from decoding.heads import medusa_part
+from decoding.medusa_modules import medusa_part
 from decoding.training.quick_heads import TrainedHeads
 from tests.test_app_api import _page_and_values, tiny_model_dir  # noqa: F401  (a fixture)
 from tests.test_quick_heads import write_cycle_recording

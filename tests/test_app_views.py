@@ -23,7 +23,7 @@ from app.text import (
 )
 from app.tokens import md_code, visible
 from app_helpers import SMALL_CHOICES, carries, make_ar_run, make_race, make_run, numbers_in
-from decoding.heads import MEDUSA
+from decoding.medusa_modules import MEDUSA
 from decoding.race import RaceFrame
 from decoding.stats import round_cost, round_end_times, verify_cost
 from decoding.trace import CostCurve

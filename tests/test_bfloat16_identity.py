@@ -25,10 +25,10 @@ from decoding.drafters.eagle import NAME as EAGLE
 from decoding.drafters.eagle import EaglePart
 from decoding.drafters.mtp import NAME as MTP
 from decoding.drafters.mtp import MTPPart
-from decoding.eagle import EagleConfig, EagleHead
-from decoding.heads import HeadsConfig, MedusaHeads, few_rows_projection
+from decoding.eagle_layer import EagleConfig, EagleHead
 from decoding.kv_cache import new_cache
-from decoding.mtp import MTPConfig, MTPModules
+from decoding.medusa_modules import HeadsConfig, MedusaHeads, few_rows_projection
+from decoding.mtp_modules import MTPConfig, MTPModules
 from decoding.passes import decode_one_token, run_model, tree_inputs
 from decoding.tiny import tiny_config, tiny_tokenizer
 from decoding.tree import Tree

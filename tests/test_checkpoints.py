@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from decoding import DecodingError, load_model
 from decoding.cli import main
-from decoding.heads import HeadsConfig, MedusaHeads, TransposedLinear, heads_count, medusa_part
+from decoding.medusa_modules import HeadsConfig, MedusaHeads, TransposedLinear, heads_count, medusa_part
 from test_lossless import with_heads
 
 NUM_HEADS = 5  # the published v0.1 config says 2; the weights say 5, and the weights win

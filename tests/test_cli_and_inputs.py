@@ -15,7 +15,7 @@ import pytest
 from decoding import DecodeSettings, DecodingError, RoundTrace, RunSettings, RunTrace, generate, load_model
 from decoding.cli import main
 from decoding.drafters import check_settings
-from decoding.heads import heads_count, medusa_part
+from decoding.medusa_modules import heads_count, medusa_part
 from decoding.trace import RENAMED_ROUND_FIELDS
 
 ROOT = Path(__file__).resolve().parent.parent

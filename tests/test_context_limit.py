@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from decoding import TREE_PRESETS, DecodeSettings, generate, load_model
 from decoding.assets import EMBEDDED_MODELS_DIR as MODELS_DIR
-from decoding.heads import HeadsConfig, MedusaHeads
+from decoding.medusa_modules import HeadsConfig, MedusaHeads
 from decoding.tiny import TOKENIZER_TEXT, tiny_config, tiny_tokenizer
 
 CONTEXT = 64

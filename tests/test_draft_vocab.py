@@ -17,10 +17,11 @@ from safetensors.torch import load_file
 
 from decoding import DecodeSettings, generate
 from decoding.cli import main
-from decoding.heads import HeadsConfig, MedusaHeads, medusa_part
+from decoding.medusa_modules import HeadsConfig, MedusaHeads, medusa_part
 from decoding.tiny import tiny_model
+from decoding.training.answer_batcher import Recorded
 from decoding.training.answers import Answers, answers_from, load_answers
-from decoding.training.recorded import (
+from decoding.training.recorded_heads import (
     RecordedData,
     RecordedTrainingSettings,
     choose_draft_vocab,
@@ -29,7 +30,6 @@ from decoding.training.recorded import (
     fit_recorded_heads,
     new_recorded_heads,
 )
-from decoding.training.recorder import Recorded
 from decoding.training.recording import save_shard
 from tests.test_lossless import prompts, reference_greedy, trees, with_heads
 
@@ -128,8 +128,8 @@ def test_recorded_training_learns_what_comes_next(reads_root):
 def test_recorded_trees_fit_heads_fewer_than_three():
     from collections import Counter
 
-    from decoding.training.recorded import RecordedEvaluation
-    from decoding.training.recorded_run import _trees
+    from decoding.training.recorded_heads import RecordedEvaluation
+    from decoding.training.recorded_heads_cli import _trees
 
     two_heads = RecordedEvaluation(accuracy=[[0.5, 0.2, 0.1], [0.3, 0.1, 0.05]], positions=[10, 10],
                                    path_counts=Counter({(0,): 5, (0, 0): 3}), joint_positions=10,

@@ -103,3 +103,20 @@ def test_a_drafter_may_not_take_a_name_in_use(repeat):
     with pytest.raises(ValueError, match="repeat_tokens"):
         register(clash)
     assert "clash" not in DRAFTERS
+
+
+def test_each_drafters_name_is_written_in_at_most_two_production_files():
+    """A drafter is one module: its name is written there and, at most, beside the data it
+    names (a folder, a part's key); every other file reads it from the registry."""
+    import re
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    tracked = subprocess.run(["git", "-C", str(root), "ls-files", "decoding", "app", "app.py"],
+                             capture_output=True, text=True, check=True).stdout.split()
+    sources = {path: (root / path).read_text(encoding="utf-8") for path in tracked if path.endswith(".py")}
+    for name in DRAFTERS:
+        quoted = re.compile(rf"[\"']{re.escape(name)}[\"']")
+        writing = sorted(path for path, text in sources.items() if quoted.search(text))
+        assert len(writing) <= 2, f"{name!r} is written in {writing}"

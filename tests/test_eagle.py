@@ -22,10 +22,10 @@ from decoding.drafters import check_settings
 from decoding.drafters.eagle import NAME as EAGLE
 from decoding.drafters.eagle import EaglePart
 from decoding.dynamic_tree import DraftTree, best_size, rerank, verified_tree
-from decoding.eagle import EagleConfig, EagleHead, load_own, load_published
+from decoding.eagle_layer import EagleConfig, EagleHead, load_own, load_published
 from decoding.errors import DecodingError
-from decoding.heads import vocabulary_rows
 from decoding.kv_cache import new_cache
+from decoding.medusa_modules import vocabulary_rows
 from decoding.tiny import tiny_model
 from decoding.trace import CostCurve
 from decoding.training.train_eagle import EagleTrainingSettings, Sequence, evaluate_eagle, fit_eagle

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from decoding import DecodeSettings, generate, load_model
 from decoding.drafters.eagle import NAME as EAGLE
 from decoding.drafters.eagle import EaglePart
-from decoding.eagle import EagleHead
+from decoding.eagle_layer import EagleHead
 from decoding.tiny import OTHER_ARCHITECTURES, make_tiny_model_dir
 from tests.test_eagle import NEW_TOKENS, PROMPTS, train_tiny_eagle
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from decoding import DecodeSettings, available_drafters, embedded_models, generate, load_model, loading
-from decoding.heads import heads_count, medusa_part
 from decoding.loading import EMBEDDED_MODELS_DIR
+from decoding.medusa_modules import heads_count, medusa_part
 from decoding.prompts import example_prompts, prompt_set, shipped_prompts
 from decoding.training.data import DataSettings, self_distill
 from decoding.training.evaluate import evaluate_heads
@@ -53,7 +53,7 @@ def test_every_embedded_model_ships_its_prompts_and_card(embedded):
 
 
 def test_loads_offline_in_a_fresh_process():
-    code = ("from decoding import embedded_models, load_model\nfrom decoding.heads import heads_count\n"
+    code = ("from decoding import embedded_models, load_model\nfrom decoding.medusa_modules import heads_count\n"
             "for name in embedded_models(): m = load_model(name); print(m.name, heads_count(m))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                             env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},

@@ -12,8 +12,8 @@ from decoding.cli import main
 from decoding.drafters import DRAFTERS, available_drafters, check_settings, register
 from decoding.drafters.draft_model import load_draft_model
 from decoding.drafters.eagle import NAME as EAGLE
-from decoding.eagle import EAGLE_DIR, EagleConfig, EagleHead
-from decoding.heads import HeadsConfig, MedusaHeads, heads_count
+from decoding.eagle_layer import EAGLE_DIR, EagleConfig, EagleHead
+from decoding.medusa_modules import HeadsConfig, MedusaHeads, heads_count
 from decoding.prompts import read_prompts
 from decoding.tiny import tiny_tokenizer
 

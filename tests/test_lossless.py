@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from decoding import DecodeSettings, generate
-from decoding import heads as decoding_heads
-from decoding.heads import HeadsConfig, MedusaHeads, medusa_part
+from decoding import medusa_modules as decoding_heads
+from decoding.medusa_modules import HeadsConfig, MedusaHeads, medusa_part
 from decoding.model import LoadedModel
 
 NEW_TOKENS = 48

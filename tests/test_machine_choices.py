@@ -12,8 +12,8 @@ from decoding import DecodeSettings, generate, load_model, precision
 from decoding import cost_curve as cost_curve_module
 from decoding.cost_curve import cached_cost_curve, curve_key, measure_cost_curve, model_cost_curve
 from decoding.errors import DecodingError
-from decoding.heads import heads_count, medusa_part, with_heads
 from decoding.loading import resolve_attention, resolve_dtype
+from decoding.medusa_modules import heads_count, medusa_part, with_heads
 from decoding.trace import CostCurve
 from decoding.tree_choice import choose_tree
 from decoding.tree_choice import optimal_choices as grown

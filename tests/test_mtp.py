@@ -22,8 +22,8 @@ from decoding import DecodeSettings, generate, load_model
 from decoding.drafters import make_drafter
 from decoding.drafters.mtp import NAME, MTPDrafter, MTPPart
 from decoding.errors import DecodingError
-from decoding.heads import few_rows_projection
-from decoding.mtp import (
+from decoding.medusa_modules import few_rows_projection
+from decoding.mtp_modules import (
     DEEPSEEK_V3,
     MIMO,
     MTPConfig,

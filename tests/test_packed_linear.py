@@ -16,7 +16,7 @@ from torch import nn
 
 from decoding import DecodeSettings, generate, load_model, packed_linear
 from decoding.drafters.eagle import NAME as EAGLE
-from decoding.heads import TransposedLinear, few_rows_projection
+from decoding.medusa_modules import TransposedLinear, few_rows_projection
 from decoding.packed_linear import PackedLinear, pack_linear_layers, packed, packing_works
 from test_lossless import oracle_heads, prompts, trees, with_heads
 

@@ -12,8 +12,8 @@ import torch
 from decoding import DecodeSettings, generate
 from decoding.cli import main
 from decoding.errors import DecodingError
-from decoding.heads import medusa_part
 from decoding.limits import PAGE_LIMITS, training_problem
+from decoding.medusa_modules import medusa_part
 from decoding.training.quick_heads import TrainedHeads, TrainingTrace, train_heads_live, with_trained_heads
 from tests.test_lossless import reference_greedy
 

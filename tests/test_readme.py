@@ -146,22 +146,27 @@ def test_readme_command_runs_as_written(command):
 
 
 # ----- the layout table -----
-def layout_paths() -> set[str]:
-    """Paths the table under "How the code is laid out" names: `dir/a.py`, `b.py` in one cell is dir/b.py."""
+def layout_rows() -> list[list[str]]:
+    """The paths each row of the table under "How the code is laid out" names, in order:
+    `dir/a.py`, `b.py` in one cell is dir/a.py, dir/b.py; a folder's own row is `dir/`."""
     text = DESIGN.read_text(encoding="utf-8")
     section = text.split("## How the code is laid out", 1)[1].split("\n## ", 1)[0]
-    listed = set()
+    rows = []
     for row in section.splitlines():
         if not row.startswith("|"):
             continue
-        base = ""
+        base, paths = "", []
         for item in re.findall(r"`([^`]+)`", row.split("|")[1]):
             if "/" in item.rstrip("/"):
                 base = item.rsplit("/", 1)[0] + "/"
-                listed.add(item)
-            else:
-                listed.add(base + item if base else item)
-    return listed
+            paths.append(item if "/" in item or not base else base + item)
+        if paths:
+            rows.append(paths)
+    return rows
+
+
+def layout_paths() -> set[str]:
+    return {path for row in layout_rows() for path in row}
 
 
 def modules() -> set[str]:
@@ -177,6 +182,21 @@ def modules() -> set[str]:
 def test_layout_table_lists_every_module():
     missing = sorted(modules() - layout_paths())
     assert not missing, f"add these to docs/design.md's table under 'How the code is laid out': {missing}"
+
+
+def test_layout_table_names_each_module_once_under_its_own_folder():
+    """Rows come in folders: a folder's row (`app/`), then the rows of what lies directly in it;
+    no module sits among another folder's rows, and none is listed twice."""
+    listed, folder, misplaced = [], None, []
+    for row in layout_rows():
+        if row[0].endswith("/"):
+            folder = row[0]
+            continue
+        listed += row
+        misplaced += [path for path in row if folder is None or path.rsplit("/", 1)[0] + "/" != folder]
+    assert not misplaced, f"docs/design.md's layout table lists these under another folder's heading: {misplaced}"
+    twice = sorted({path for path in listed if listed.count(path) > 1})
+    assert not twice, f"docs/design.md's layout table lists these twice: {twice}"
 
 
 def test_layout_table_names_only_what_exists():

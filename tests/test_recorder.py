@@ -12,7 +12,7 @@ from decoding.drafters.eagle import NAME as EAGLE
 from decoding.errors import DecodingError
 from decoding.tiny import tiny_model
 from decoding.training import recording
-from decoding.training.recorder import TOP_K_LOGITS, ContinuousBatcher, feature_layers
+from decoding.training.answer_batcher import TOP_K_LOGITS, ContinuousBatcher, feature_layers
 from decoding.training.recording import (
     RecordingSettings,
     features_folder,

@@ -17,7 +17,8 @@ from app.tree_figures import tree_figure
 from app.views import drafting_text
 from decoding import DecodeSettings, RunTrace, generate
 from decoding.drafters import retrieval
-from decoding.drafters.retrieval import MAX_MATCH, Node, SuffixIndex, TextSoFar, Trust, grow, recorded_answers
+from decoding.drafters.retrieval import Node, Trust, grow, recorded_answers
+from decoding.suffix_index import MAX_MATCH, SuffixIndex, TextSoFar
 from test_drafters import NEW_TOKENS, prompts, reference_greedy
 
 NO_STOPS: frozenset[int] = frozenset()

@@ -26,10 +26,10 @@ from decoding.drafters.eagle import NAME as EAGLE
 from decoding.drafters.eagle import EaglePart
 from decoding.drafters.mtp import NAME as MTP
 from decoding.drafters.mtp import MTPPart
-from decoding.eagle import EagleConfig, EagleHead
-from decoding.heads import MEDUSA, HeadsConfig, MedusaHeads, MedusaPart
+from decoding.eagle_layer import EagleConfig, EagleHead
+from decoding.medusa_modules import MEDUSA, HeadsConfig, MedusaHeads, MedusaPart
 from decoding.model import LoadedModel
-from decoding.mtp import MTPConfig, MTPModules
+from decoding.mtp_modules import MTPConfig, MTPModules
 
 VOCAB = 5
 TEMPERATURE, TOP_P = 0.9, 0.9

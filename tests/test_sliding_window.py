@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, M
 from decoding import DecodeSettings, generate, load_model
 from decoding.drafters.draft_model import NAME as DRAFT_MODEL
 from decoding.drafters.draft_model import load_draft_model
-from decoding.heads import HeadsConfig, MedusaHeads
+from decoding.medusa_modules import HeadsConfig, MedusaHeads
 from decoding.tiny import tiny_tokenizer
 from test_drafters import assert_guesses_are_the_drafts_own
 from test_lossless import oracle_heads, reference_greedy, with_heads

@@ -12,7 +12,7 @@ from decoding import DecodeSettings, generate, load_model
 from decoding.drafters.eagle import NAME as EAGLE
 from decoding.drafters.retrieval import recorded_index
 from decoding.fetch import is_fetched, not_fetched_message
-from decoding.heads import medusa_part
+from decoding.medusa_modules import medusa_part
 from test_embedded_model import bench_prompts
 
 pytestmark = pytest.mark.skipif(not is_fetched("smollm2"), reason=not_fetched_message("smollm2"))

@@ -12,8 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from decoding.errors import DecodingError
-from decoding.training import base_tokens, train_base
-from decoding.training import cli as training_cli
+from decoding.training import base_tokens, train_base, training_cli
 from decoding.training.corpus import (
     DOC_SEPARATOR,
     STDLIB_HELDOUT_EVERY,

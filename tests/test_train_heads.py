@@ -23,9 +23,8 @@ from transformers import (
 
 from decoding import DecodeSettings, generate, load_model
 from decoding.checkpoints import save_v01
-from decoding.heads import MedusaHeads
-from decoding.training import cli as training_cli
-from decoding.training import fit
+from decoding.medusa_modules import MedusaHeads
+from decoding.training import fit, training_cli
 from decoding.training import train_heads as th
 from decoding.training.batches import IGNORE_INDEX, check_lm_head_reads, head_targets, pad_batch
 from decoding.training.data import DataSettings, self_distill

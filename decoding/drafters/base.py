@@ -31,7 +31,7 @@ from ..tree import Tree, chain_choices
 
 if TYPE_CHECKING:
     from ..model import LoadedModel
-    from ..registry import RegistryEntry
+    from ..published import RegistryEntry
 
 # A chain longer than this is verified at a cost no guess rate repays.
 MAX_CHAIN = 64

@@ -31,10 +31,10 @@ from torch import nn
 
 from ..cost_curve import model_cost_curve
 from ..dynamic_tree import DRAFT_COST_SMOOTHING, DYNAMIC_TREE, DraftTree, drafted_trace, rerank, verified_tree
-from ..eagle import EAGLE_CONFIG, EAGLE_DIR, EagleHead, find_eagle
+from ..eagle_layer import EAGLE_CONFIG, EAGLE_DIR, EagleHead, find_eagle
 from ..errors import DecodingError
-from ..heads import few_rows_projection, vocabulary_rows
 from ..kv_cache import new_cache
+from ..medusa_modules import few_rows_projection, vocabulary_rows
 from ..model import LoadedModel
 from ..model_files import local_or_hub
 from ..packed_linear import pack_linear_layers

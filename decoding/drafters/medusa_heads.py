@@ -15,7 +15,7 @@ from ..checkpoints import find_heads
 from ..cost_curve import model_cost_curve
 from ..errors import DecodingError
 from ..features import FINAL_STATE
-from ..heads import MEDUSA, MedusaPart, heads_count, medusa_part
+from ..medusa_modules import MEDUSA, MedusaPart, heads_count, medusa_part
 from ..model import LoadedModel
 from ..model_files import local_or_hub
 from ..passes import draft

@@ -23,11 +23,11 @@ import torch
 
 from ..errors import DecodingError
 from ..features import FINAL_STATE
-from ..heads import few_rows_projection
 from ..kv_cache import new_cache
+from ..medusa_modules import few_rows_projection
 from ..model import LoadedModel
 from ..model_files import local_or_hub
-from ..mtp import MTP_DIR, MTPModules, causal_mask, keeps_mtp_layers, load_mtp
+from ..mtp_modules import MTP_DIR, MTPModules, causal_mask, keeps_mtp_layers, load_mtp
 from ..packed_linear import pack_linear_layers
 from ..settings import DecodeSettings, Setting
 from ..trace import DrafterInfo

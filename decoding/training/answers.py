@@ -1,6 +1,6 @@
 """A recording's answers as Medusa's heads read them: one row per answer token.
 
-The recorder (`recorder.py`) keeps, at every position of prompt + answer, a few layers' states,
+The recorder (`answer_batcher.py`) keeps, at every position of prompt + answer, a few layers' states,
 and for every answer token the base model's top-k logits. The heads need less: for answer token
 i, the final hidden state that chose it (what a head reads at decoding time) and the base
 model's top guesses at that step (the soft targets of a distillation loss). `Answers` holds that
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .recorder import Recorded
+from .answer_batcher import Recorded
 from .recording import finished_shards, load_shard
 
 

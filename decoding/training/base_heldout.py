@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import LlamaForCausalLM
 
-from ..mtp import MTPModules, mtp_logits, mtp_targets
+from ..mtp_modules import MTPModules, mtp_logits, mtp_targets
 
 if TYPE_CHECKING:
     from .train_base import BaseTrainingSettings

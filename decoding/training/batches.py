@@ -17,7 +17,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..errors import DecodingError
-from ..heads import MedusaHeads
+from ..medusa_modules import MedusaHeads
 
 IGNORE_INDEX = -100  # F.cross_entropy skips targets with this value
 BATCH_SIZE = 8  # sequences per step, in training and in evaluation

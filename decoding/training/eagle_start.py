@@ -13,8 +13,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from ..eagle import EagleConfig, EagleHead
-from .recorded import choose_draft_vocab
+from ..eagle_layer import EagleConfig, EagleHead
+from .recorded_heads import choose_draft_vocab
 from .train_eagle import EagleTrainingSettings, Sequence
 
 # The linear layers through which a decoder layer's attention and MLP write into the residual

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from ..heads import MedusaHeads
+from ..medusa_modules import MedusaHeads
 from .batches import (
     BATCH_SIZE,
     IGNORE_INDEX,

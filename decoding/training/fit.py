@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, get_cosine_schedule_with_warmup
 
 from ..errors import DecodingError
-from ..heads import HeadsConfig, MedusaHeads
+from ..medusa_modules import HeadsConfig, MedusaHeads
 from .batches import (
     BATCH_SIZE,
     IGNORE_INDEX,

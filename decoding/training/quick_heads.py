@@ -3,7 +3,7 @@ trained, which is cheap and fast", shown on the loaded model.
 
 1. **Read.** One batched pass of the frozen model over answers it wrote earlier (shipped as token
    ids in `assets/recordings/`) gives, at every answer token, the state that chose it and the
-   model's own top guesses there: all a Medusa-1 head learns from (recorded.py). It is the slow
+   model's own top guesses there: all a Medusa-1 head learns from (recorded_heads.py). It is the slow
    part on a CPU, so it is kept for the next training of the same model.
 2. **Train.** Fresh heads laid out like the shipped ones (the same draft vocabulary, the same
    inputs) learn for a bounded time: the heads the visitor picked; the others keep their fresh
@@ -28,11 +28,12 @@ import torch
 
 from ..assets import recordings_of
 from ..errors import DecodingError
-from ..heads import MedusaHeads, medusa_part, with_heads
 from ..limits import PAGE_LIMITS, PageLimits, training_problem
+from ..medusa_modules import MedusaHeads, medusa_part, with_heads
 from ..model import LoadedModel
+from .answer_batcher import recorded_from_tokens
 from .answers import answers_from
-from .recorded import (
+from .recorded_heads import (
     RecordedData,
     RecordedEvaluation,
     RecordedTrainingSettings,
@@ -40,7 +41,6 @@ from .recorded import (
     new_recorded_heads,
     recorded_training_steps,
 )
-from .recorder import recorded_from_tokens
 from .recording import finished_shards
 
 # Answers to other questions, from the recording's end (about 2,000 tokens of SmolLM2's): read

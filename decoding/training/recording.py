@@ -6,9 +6,9 @@ A recording has two folders. Its **answers** (`shard-NNNNN.json`: questions, pro
 ids; a few MB a million tokens) are small and belong in the repository, under
 `assets/recordings/`. Its **features** (`shard-NNNNN.safetensors`: a few layers' states at every
 position and the top-k logits at every answer token; gigabytes) stay in the cache folder, and
-can always be rebuilt from the answers by one batched pass (`recorder.recorded_from_tokens`).
+can always be rebuilt from the answers by one batched pass (`answer_batcher.recorded_from_tokens`).
 
-Question i belongs to shard i // shard_size. The continuous batcher (`recorder.py`) answers the
+Question i belongs to shard i // shard_size. The continuous batcher (`answer_batcher.py`) answers the
 questions of every unfinished shard in order; a shard is written, atomically, the moment its
 last answer ends: its features first, then its answers, whose presence marks the shard done. A
 killed run loses only its unfinished shards' answers; the next run skips every finished shard,
@@ -34,7 +34,7 @@ from ..errors import DecodingError
 from ..fetch import cache_root
 from ..loops import chat_prompt_ids
 from ..model import padding_id, stop_token_ids
-from .recorder import ContinuousBatcher, Recorded, feature_layers, recorded_from_tokens
+from .answer_batcher import ContinuousBatcher, Recorded, feature_layers, recorded_from_tokens
 
 MANIFEST = "recording.json"
 RUN_DETAILS = ("batch_size",)  # manifest entries a resumed recording may change

@@ -48,7 +48,7 @@ from transformers import (
 )
 
 from ..errors import DecodingError
-from ..mtp import MTP_DIR, MTPConfig, MTPModules, loss_weight, mtp_loss
+from ..mtp_modules import MTP_DIR, MTPConfig, MTPModules, loss_weight, mtp_loss
 from .base_heldout import heldout_loss, heldout_mtp, plot_curve
 from .base_tokens import MAX_POSITIONS, encode_documents, special_ids, token_stream, train_tokenizer
 from .corpus import build_corpus, build_record_corpus, record_folders

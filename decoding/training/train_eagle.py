@@ -44,10 +44,10 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel, get_cosine_schedule_with_warmup
 
-from ..eagle import EagleHead
-from ..heads import vocabulary_rows
+from ..eagle_layer import EagleHead
+from ..medusa_modules import vocabulary_rows
 from ..passes import additive_mask
-from .recorder import Recorded
+from .answer_batcher import Recorded
 
 STEP_DECAY = 0.8  # each unrolled step's loss weighs this much less than the step before
 CHECKPOINT = "eagle_checkpoint.pt"
@@ -92,7 +92,7 @@ class Sequence:
 def sequences_from(recorded: list[Recorded], layers: list[int], fused: bool) -> list[Sequence]:
     """Training sequences from a recording's answers: prompt + answer, the states at every position.
 
-    The recording keeps `layers` (recorder.feature_layers: EAGLE-3's three, then the final
+    The recording keeps `layers` (answer_batcher.feature_layers: EAGLE-3's three, then the final
     state) at every position but the last, so the last answer token, whose state was never
     computed, is dropped from the tokens: it has no pair to form. A fused head reads all of
     them, the final state last (EAGLE-3 fuses the three alone; the final one lets the head start

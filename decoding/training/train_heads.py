@@ -11,7 +11,7 @@ One run, step by step:
 
 The training state and the data go to `OUT/heads_checkpoint/`, so a killed run resumes where
 it stopped. Chat models trained on recorded self-distillation take their own path
-(`recorded_run.py`); the command line for both is `cli.py`.
+(`recorded_heads_cli.py`); the command line for both is `training_cli.py`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from ..checkpoints import save_v01
 from ..errors import DecodingError
-from ..heads import MedusaHeads
 from ..loading import resolve_device, resolve_dtype
+from ..medusa_modules import MedusaHeads
 from .batches import use_bf16
 from .data import DataSettings, HeadsData, load_or_build_data
 from .evaluate import HeadsEvaluation, evaluate_heads

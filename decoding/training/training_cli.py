@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import DecodingError
-from . import eagle_run, record_run, recorded_run
+from . import record_cli, recorded_heads_cli, train_eagle_cli
 from .commands import command_line, settings_from
 from .corpus import CORPUS_HELP, TRAIN_CORPUS_HELP, write_corpus
 from .data import DataSettings
@@ -96,7 +96,7 @@ def add_train_heads_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--resume", action="store_true",
                        help="continue from OUT/heads_checkpoint on the same data (give the original run's flags)")
 
-    recorded_run.add_recorded_arguments(parser)
+    recorded_heads_cli.add_recorded_arguments(parser)
 
     tree = parser.add_argument_group("trees")
     tree.add_argument("--top-k", type=int, default=trees.top_k, help="ranks measured per head")
@@ -141,7 +141,7 @@ def run_train_heads(args: argparse.Namespace) -> int:
     """Train heads as the flags say; 0 on success, 2 (with a message) on a usage problem."""
     try:
         if args.recorded:
-            return recorded_run.run_recorded(args)
+            return recorded_heads_cli.run_recorded(args)
         _check_train_heads(args)
         job = HeadsJob(
             model=args.model, out=args.out, data=settings_from(DataSettings, args),
@@ -229,8 +229,8 @@ TRAINING_COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Ca
     "train-heads": (add_train_heads_arguments, run_train_heads),
     "train-base": (add_train_base_arguments, run_train_base),
     "corpus": (add_corpus_arguments, run_corpus),
-    "train-eagle": (eagle_run.add_train_eagle_arguments, eagle_run.run_train_eagle),
-    "questions": (record_run.add_questions_arguments, record_run.run_questions),
-    "record": (record_run.add_record_arguments, record_run.run_record),
-    "record-bench": (record_run.add_record_bench_arguments, record_run.run_record_bench),
+    "train-eagle": (train_eagle_cli.add_train_eagle_arguments, train_eagle_cli.run_train_eagle),
+    "questions": (record_cli.add_questions_arguments, record_cli.run_questions),
+    "record": (record_cli.add_record_arguments, record_cli.run_record),
+    "record-bench": (record_cli.add_record_bench_arguments, record_cli.run_record_bench),
 }

@@ -34,7 +34,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import PreTrainedConfig, PreTrainedModel
 
-from .eagle import check_base_shape, decoder_parts, layer_config
+from .eagle_layer import check_base_shape, decoder_parts, layer_config
 from .errors import DecodingError
 from .passes import additive_mask
 

@@ -27,10 +27,10 @@ from ..atomic import write_atomically
 from ..errors import DecodingError
 from ..loops import chat_prompt_ids
 from ..model import padding_id, stop_token_ids
+from .answer_batcher import ContinuousBatcher
 from .base_model import load_base
 from .batches import cut_at_stop, pad_batch
 from .questions import QUESTIONS_FILE, build_questions, read_questions
-from .recorder import ContinuousBatcher
 from .recording import ANSWERS_ROOT, RecordingSettings, finished_shards, record
 from .self_instruct import self_instruct_questions
 

@@ -1,6 +1,6 @@
 """Medusa-1 heads trained on a recording of the model's own answers: no base-model pass per step.
 
-The recorder (`recorder.py`, seen through `answers.py`) keeps, for every answer token, the final
+The recorder (`answer_batcher.py`, seen through `answers.py`) keeps, for every answer token, the final
 hidden state that chose it and the base model's top guesses there. That is all a frozen-base head
 needs, so the heads train for as many epochs as they like at the price of the heads alone — on a
 CPU, a small fraction of one base pass.
@@ -36,7 +36,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
-from ..heads import HeadsConfig, MedusaHeads
+from ..medusa_modules import HeadsConfig, MedusaHeads
 from .answers import Answers
 from .evaluate import RankAccuracy
 from .trees import count_paths

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import torch
 
-from ..eagle import find_eagle
+from ..eagle_layer import find_eagle
 from ..errors import DecodingError
 from .base_model import load_base
 from .commands import command_line, settings_from
 from .eagle_start import new_eagle_head
-from .recorded import coverage
+from .recorded_heads import coverage
 from .recording import finished_shards, load_shard
 from .train_eagle import (
     EagleEvaluation,

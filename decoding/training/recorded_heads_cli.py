@@ -4,8 +4,8 @@
     python -m decoding train-heads --model smollm2 --recorded assets/recordings/smollm2-chat \\
         --out heads/
 
-`record` (record_run.py) writes shards of the model's own greedy answers with the states and top
-guesses recorded on the way. This trains shared-lm_head heads over a draft vocabulary on them (`recorded.py`),
+`record` (record_cli.py) writes shards of the model's own greedy answers with the states and top
+guesses recorded on the way. This trains shared-lm_head heads over a draft vocabulary on them (`recorded_heads.py`),
 holds the last shards out to measure them, grows the paper's optimal trees and the joint trees
 from the measurement, and saves the heads with everything measured.
 """
@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 
 from ..errors import DecodingError
-from ..heads import MedusaHeads
+from ..medusa_modules import MedusaHeads
 from .answers import concat_answers, drop_prompts, load_answers, read_shards
 from .base_model import load_base
-from .recorded import (
+from .recorded_heads import (
     RecordedData,
     RecordedEvaluation,
     RecordedTrainingSettings,
