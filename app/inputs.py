@@ -47,7 +47,7 @@ class RunRequest:
     top_p: float = DEFAULTS.top_p
     epsilon: float = DEFAULTS.epsilon
     delta: float = DEFAULTS.delta
-    seed: int | None = DEFAULTS.seed  # None: a fresh random seed
+    seed: int | str | None = DEFAULTS.seed  # None (or the page's empty box): a fresh random seed
     preset: str = ""
     tree_text: str = ""  # the tree editor's JSON; "" means the preset as it is
     races: int = DEFAULT_RACES
@@ -154,7 +154,7 @@ def decode_settings(model: LoadedModel, request: RunRequest, methods: list[str] 
     return check_settings(DecodeSettings(
         method=methods[0], max_new_tokens=max_new_tokens, acceptance=request.acceptance,
         temperature=request.temperature, top_p=request.top_p, epsilon=request.epsilon, delta=request.delta,
-        seed=None if request.seed is None else whole(request.seed, "seed"), tree=tree,
+        seed=None if request.seed in (None, "") else whole(request.seed, "seed"), tree=tree,
         time_limit=PAGE_LIMITS.run_seconds, options=options,
     ))
 

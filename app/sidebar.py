@@ -113,8 +113,9 @@ def acceptance_settings() -> dict[str, Component]:
                              ("lossless sampling", "sample")], value=DEFAULTS.acceptance, label="Acceptance",
                              elem_id="acceptance"),
         **{name: common_slider(name) for name in SAMPLING_SETTINGS + TYPICAL_SETTINGS},
-        seed=gr.Number(value=DEFAULTS.seed, precision=0, minimum=seed.low, label=f"{seed.title} (empty: {seed.unset})",
-                       visible=False, elem_id="seed"),
+        # A text box, so that it can be empty (a number box shows and sends 0 for "no value").
+        seed=gr.Textbox("", label=seed.title, placeholder=f"empty: {seed.unset}", max_lines=1, visible=False,
+                        elem_id="seed"),
     )
 
 

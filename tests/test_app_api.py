@@ -657,12 +657,13 @@ def test_the_acceptance_controls_come_from_the_settings_declarations_and_reach_t
         setting, slider = COMMON_SETTINGS[name], controls[name]
         assert slider.label == setting.title and slider.step == setting.page_step
         assert setting.low <= slider.minimum < slider.maximum <= setting.high
-    assert controls["seed"].value is None
+    assert controls["seed"].value == ""  # empty: a fresh seed (a number box would show and send 0)
     shown = {name for name, update in acceptance_controls("sample").items() if update["visible"]}
     assert shown == {"temperature", "top_p", "seed"}
     sampled = _settings(model, "", 2, acceptance="sample", temperature=0.7, top_p=0.8, seed=None)
     assert (sampled.temperature, sampled.top_p, sampled.seed) == (0.7, 0.8, None)
-    assert _settings(model, "", 2, acceptance="sample", seed=5.0).seed == 5
+    assert _settings(model, "", 2, acceptance="sample", seed="").seed is None
+    assert _settings(model, "", 2, acceptance="sample", seed="5").seed == 5
     with pytest.raises(DecodingError, match="seed must be a whole number from 0"):
         _settings(model, "", 2, acceptance="sample", seed=-1)
 
