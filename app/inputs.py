@@ -147,9 +147,8 @@ def decode_settings(model: LoadedModel, request: RunRequest, methods: list[str] 
             raise DecodingError(f"{setting.name} on {model.name}: use 1 to {high:g} (or leave it unset)")
     max_new_tokens = whole(request.max_new_tokens, "max_new_tokens")
     check_page_limits(request.prompt, max_new_tokens, None)
-    tree = "default"
-    if takes_tree:  # checked here, before any model work; the engine reads it again as it runs
-        tree = edited_tree(model, request.preset, request.tree_text)
+    tree = edited_tree(model, request.preset, request.tree_text) if takes_tree else "default"
+    if isinstance(tree, list):  # an edited tree is checked before any model work; a name, as the run starts
         medusa_tree(model, tree, options.get("num_heads"))
     return check_settings(DecodeSettings(
         method=methods[0], max_new_tokens=max_new_tokens, acceptance=request.acceptance,
@@ -182,8 +181,8 @@ def trace_request(prompt: str, settings: object) -> RunRequest:
     if not isinstance(tree, str):
         raise DecodingError(f"tree must be a tree's name or a choices list as JSON text, not {tree!r}")
     json_tree = tree.lstrip().startswith("[")
-    return RunRequest.of(prompt=prompt, **{"model": ""} | named, preset="" if json_tree else tree,
-                         tree_text=tree if json_tree else "")
+    named.setdefault("model", "")
+    return RunRequest.of(prompt=prompt, **named, preset="" if json_tree else tree, tree_text=tree if json_tree else "")
 
 
 def race_request(request: RunRequest) -> RunRequest:
