@@ -70,10 +70,13 @@ POINT_AT = """() => {{ const el = document.getElementById('{elem}');
   if (el) {{ el.scrollIntoView({{behavior: 'smooth', block: 'center'}}); el.classList.add('pointed');
              setTimeout(() => el.classList.remove('pointed'), 2200); }} }}"""
 # A click on a pass in the output stream selects its round (see rounds.jump_to_round).
-# New output scrolls into view, or the marked round when one is selected.
+# New output scrolls into view, or the marked round when one is selected; then the box is set on
+# a whole line, so its top line is never cut in half (the box's height is whole lines: style.css).
 FOLLOW_OUTPUT = """watch('value', () => { for (const box of element.querySelectorAll('.stream')) {
   const current = box.querySelector('.pass.current');
-  if (current) current.scrollIntoView({block: 'nearest'}); else box.scrollTop = box.scrollHeight; } });"""
+  if (current) current.scrollIntoView({block: 'nearest'}); else box.scrollTop = box.scrollHeight;
+  const line = parseFloat(getComputedStyle(box).lineHeight);
+  box.scrollTop = Math.round(box.scrollTop / line) * line; } });"""
 STREAM_CLICKS = FOLLOW_OUTPUT + """
 element.addEventListener('click', (e) => {
   const pass = e.target.closest('[data-round]');
@@ -139,7 +142,8 @@ def build_demo() -> gr.Blocks:
         try_code = gr.Button(f"Where Medusa's gain is clear on a CPU: the code model ({CODE_MODEL}) →",
                              size="sm", elem_id="try-code", visible=code is not None and default != CODE_MODEL)
 
-        with gr.Tabs(elem_id="results") as tabs:
+        # On a phone the six tabs wrap onto a second row instead of hiding four behind a "..." menu.
+        with gr.Tabs(elem_id="results", overflow_behavior="wrap") as tabs:
             with gr.Tab("Playground", id="playground"):
                 playground = _playground_tab()
             with gr.Tab("Race", id="race"):

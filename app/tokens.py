@@ -73,7 +73,7 @@ def _token_span(text: str, depth: int, method: str, end: bool = False) -> str:
     nothing to a reader, and the hover gives it."""
     colour = head_colour(depth)
     kind = "base model" if depth == 0 else f"{guess_name(method, depth)} guess, accepted"
-    shown = html.escape(text)
+    shown = html.escape(text.replace("\n", "↵"))  # a line break here would make its box two lines tall
     if end:
         kind, shown = f"{kind}: the model's end-of-text token {html.escape(text)}", "⏹ end of text"
     return (
@@ -92,7 +92,15 @@ def _pass_span(rnd: RoundTrace, current: int | None, method: str, ends: bool = F
                                                                   strict=True)))
     title = f"round {rnd.index + 1}: {count(rnd.accepted_length, 'token')}, {guessed} from {who_guessed(method)}"
     mark = " current" if rnd.index == current else ""
-    return f'<span class="pass{mark}" data-round="{rnd.index + 1}" title="{title}">{spans}</span>'
+    return (f'<span class="pass{mark}" data-round="{rnd.index + 1}" title="{title}">{spans}</span>'
+            f"{_line_break_after(rnd.emitted_texts)}")
+
+
+def _line_break_after(texts: list[str]) -> str:
+    """A pass that wrote a line break shows it as ↵ in its box and breaks the stream's line after
+    the box: the box stays one line tall, so every line of the stream is (style.css's whole-line
+    scrolling needs it). A blank line is one break too: the box of four lines keeps its text."""
+    return "\n" if any("\n" in text for text in texts) else ""
 
 
 def stream_html(trace: RunTrace | None, until: float | None = None, show_prompt: bool = True,
@@ -110,7 +118,8 @@ def stream_html(trace: RunTrace | None, until: float | None = None, show_prompt:
     ended = trace.stop_reason == "eos"  # then the run's last token is the model's end of text
     if trace.prefill_token is not None and (until is None or trace.time_prefill <= until):
         parts.append('<span class="pass" title="prefill pass: the base model reads the prompt">'
-                     f"{_token_span(trace.prefill_text, 0, method, end=ended and not trace.rounds)}</span>")
+                     f"{_token_span(trace.prefill_text, 0, method, end=ended and not trace.rounds)}</span>"
+                     f"{_line_break_after([trace.prefill_text])}")
     for end, rnd in zip(round_end_times(trace), trace.rounds, strict=True):
         if until is not None and end > until:
             break

@@ -83,6 +83,20 @@ def overlapping_labels(page, elem_id: str) -> int:
       return pairs; }""", elem_id)
 
 
+def stream_lines(page) -> list[float]:
+    """Each visible token stream's height and scroll position, in lines: whole numbers when no line
+    is cut at the box's top or bottom edge."""
+    return page.evaluate("""() => [...document.querySelectorAll('.stream')].filter(b => b.offsetParent)
+      .flatMap(b => { const s = getComputedStyle(b), line = parseFloat(s.lineHeight);
+        const inner = b.clientHeight - parseFloat(s.paddingTop) - parseFloat(s.paddingBottom);
+        return [inner / line, b.scrollTop / line]; })""")
+
+
+def no_line_is_cut(page) -> None:
+    lines = stream_lines(page)
+    assert lines and all(abs(x - round(x)) < 0.05 for x in lines), lines
+
+
 def _require_chromium() -> None:
     if Path(CHROMIUM).exists():
         return
@@ -208,6 +222,7 @@ def test_races_run_a_lane_per_drafter_report_their_speedups_and_link_to_stats(pa
         assert re.fullmatch(r"\d+\.\d\d× \(\d+\.\d\d–\d+\.\d\d×\)", cells.nth(5).inner_text())
     assert "Every lane wrote exactly plain decoding's text" in verdict
     assert in_view(page, "#race-summary") == 1.0
+    no_line_is_cut(page)
     shoot(page, shots / "race.png", full_page=False)
 
     page.click("#race-button")  # a new race: the last verdict goes at once
@@ -359,6 +374,7 @@ def test_projector_mode_is_big_closes_the_sidebar_and_fills_the_width(playwright
         assert title >= 1.5 * laptop_title
         tree_width = page.evaluate("document.querySelector('#tree-plot').getBoundingClientRect().width")
         assert tree_width > 0.8 * PROJECTOR["width"]
+        no_line_is_cut(page)
         shoot(page, shots / "projector.png", full_page=False)
         settings_open_from_the_closed_sidebar(page)
 
@@ -378,6 +394,9 @@ def test_a_phone_can_run_at_once_and_the_tree_labels_do_not_overlap(playwright, 
         assert in_view(page, "#run-button") == 1.0
         shoot(page, shots / "phone-start.png", full_page=False)
         run_prompt(page, "It is a truth universally acknowledged")
+        no_line_is_cut(page)
+        for name in ("Playground", "Race", "Train", "Stats", "Learn", "Export"):  # none behind a menu
+            assert page.get_by_role("tab", name=name).is_visible(), name
         page.locator("#tree-plot").scroll_into_view_if_needed()
         assert overlapping_labels(page, "tree-plot") == 0
         shoot(page, shots / "phone-tree.png", full_page=False)

@@ -297,6 +297,16 @@ def test_figure_text_escapes_the_tags_plotly_would_read(run):
     assert "<br>" not in mask_label(rnd, 3)
 
 
+def test_a_line_break_shows_in_its_box_and_breaks_the_line_after_it(run):
+    """A raw line break inside a pass's box made the box two lines tall, and the stream's lines
+    uneven: its whole-line scrolling then cut its top line in half."""
+    run.rounds[0].emitted_texts[-1] = ".\n\n"
+    html_out = stream_html(run)
+    boxes = re.findall(r'<span class="pass[^>]*>.*?</span></span>', html_out)
+    assert len(boxes) == 1 + len(run.rounds) and not any("\n" in box for box in boxes)
+    assert ".↵↵</span></span>\n" in html_out and html_out.count("\n") == 1
+
+
 def test_stream_html_escapes_text(run):
     run.prompt = "<script>alert(1)</script>"
     assert "<script>" not in stream_html(run)
