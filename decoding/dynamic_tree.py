@@ -17,8 +17,11 @@ machine's cost curve: the most expected tokens per unit of time (`best_size`).
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from .trace import CostCurve, DraftedTree
 from .tree import Tree
@@ -27,6 +30,7 @@ DYNAMIC_TREE = "dynamic"  # the name a round's grown tree goes by
 # How much a new measurement of a round's drafting time moves the running estimate a drafter sizes
 # its tree by (`best_size`'s `draft_cost`).
 DRAFT_COST_SMOOTHING = 0.3
+T = TypeVar("T")
 
 
 @dataclass
@@ -92,6 +96,42 @@ def best_size(confidences: list[float], curve: CostCurve | None, draft_cost: flo
         if rate > best_rate:
             best, best_rate = n, rate
     return best
+
+
+def least_added_costs(curve: CostCurve, max_nodes: int) -> list[float]:
+    """For n guesses (0 to `max_nodes`), the least the round's cost rises per guess added to them,
+    however many are added: the smallest slope of the cost curve from n guesses to any more. It
+    does not depend on the drafting cost, which adds the same to every size."""
+    cost = [curve.cost(n + 1) for n in range(max_nodes + 1)]
+    return [min(((cost[more] - cost[n]) / (more - n) for more in range(n + 1, max_nodes + 1)), default=math.inf)
+            for n in range(max_nodes + 1)]
+
+
+def best_prefix(candidates: Iterable[T], confidence: Callable[[T], float], ceiling: Callable[[T], float],
+                curve: CostCurve | None, draft_cost: float, max_nodes: int,
+                added_costs: list[float] | None = None) -> list[T]:
+    """`best_size`'s cut of candidates that come best first, read only as far as one more could pay:
+    a drafter that makes its candidates as they are read then makes no more than it needs.
+
+    `ceiling(c)` bounds the confidence of every candidate after c. After n candidates, the best
+    rate so far is R; k more, each at most e confident, give at most (1 + S_n + k e) over
+    C(n + k), where 1 + S_n <= R C(n), so they cannot beat R when e <= R (C(n + k) - C(n)) / k for
+    every k: when e <= R times the least added cost (`least_added_costs`). Then reading stops,
+    and the cut is the one `best_size` would make of every candidate."""
+    if curve is None:
+        return list(itertools.islice(candidates, max_nodes))
+    added_costs = added_costs or least_added_costs(curve, max_nodes)
+    taken: list[T] = []
+    confidences: list[float] = []
+    expected, best_rate = 1.0, 1.0 / (curve.cost(1) + draft_cost)
+    for candidate in itertools.islice(candidates, max_nodes):
+        taken.append(candidate)
+        confidences.append(confidence(candidate))
+        expected += confidences[-1]
+        best_rate = max(best_rate, expected / (curve.cost(len(taken) + 1) + draft_cost))
+        if ceiling(candidate) <= best_rate * added_costs[len(taken)]:
+            break
+    return taken[:best_size(confidences, curve, draft_cost, max_nodes)]
 
 
 def rerank(draft: DraftTree, curve: CostCurve | None, draft_cost: float, max_nodes: int) -> list[int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from decoding import DecodeSettings, generate, load_model
 from decoding.drafters import check_settings
 from decoding.drafters.eagle import NAME as EAGLE
 from decoding.drafters.eagle import EaglePart
-from decoding.dynamic_tree import DraftTree, best_size, rerank, verified_tree
+from decoding.dynamic_tree import DraftTree, best_prefix, best_size, least_added_costs, rerank, verified_tree
 from decoding.eagle_layer import EagleConfig, EagleHead, load_own, load_published
 from decoding.errors import DecodingError
 from decoding.kv_cache import new_cache
@@ -269,3 +270,29 @@ def test_the_shipped_layout_round_trips(tmp_path, tiny_llama):
     head.save(tmp_path, extra={"accuracy": [0.5, 0.25]})
     loaded, meta = load_own(tmp_path, tiny_llama.model)
     assert torch.equal(loaded.draft_vocab, torch.arange(10, 20)) and meta["accuracy"] == [0.5, 0.25]
+
+
+def test_best_prefix_reads_only_as_far_as_one_more_could_pay_and_cuts_as_best_size_does():
+    """Read lazily, candidates past the point where none could pay are never made; the cut is
+    the one `best_size` makes of them all, on flat, steep and stepped cost curves."""
+    rng = random.Random(0)
+    curves = [CostCurve([1, 2, 4, 16, 64], costs, 0.01, "cpu", "float32", 1, 128, "")
+              for costs in ([1.0, 1.0, 1.0, 1.02, 1.2], [1.0, 1.3, 1.9, 5.5, 20.0], [1.0, 1.05, 1.05, 1.14, 2.6])]
+    read_fewer = 0
+    for _ in range(300):
+        curve, draft_cost = rng.choice(curves), rng.choice([0.0, 0.05, 0.3])
+        confidences = sorted((rng.random() ** 3 for _ in range(rng.randint(0, 63))), reverse=True)
+        read: list[int] = []
+        confidence = confidences.__getitem__  # sorted: each bounds every one after it
+        cut = best_prefix(_reading(len(confidences), read), confidence, confidence, curve, draft_cost, 63)
+        assert cut == list(range(best_size(confidences, curve, draft_cost, 63)))
+        read_fewer += len(read) < len(confidences)
+    assert read_fewer > 100  # on the steep curve most rounds stop early
+    assert least_added_costs(curves[0], 3)[3] == math.inf  # no more can be added past the limit
+
+
+def _reading(count: int, read: list[int]):
+    """0 to count - 1, noting each one as it is read."""
+    for i in range(count):
+        read.append(i)
+        yield i

@@ -66,7 +66,7 @@ def test_the_tree_is_the_most_frequent_continuations_scored_by_laplaces_rule():
     # After "1": "2 3" three times, "2 4" once, "5" once; "3" never goes on past "2 3".
     index = SuffixIndex([[1, 2, 3], [1, 2, 3], [1, 2, 3], [1, 2, 4], [1, 5]])
     length, after = index.longest_match([9, 1])
-    nodes = grow([(index, after)], depth=4, budget=10, stop_ids=NO_STOPS)
+    nodes = list(grow([(index, after)], depth=4, budget=10, stop_ids=NO_STOPS))
     by_tokens = {node.tokens: node for node in nodes}
     assert set(by_tokens) == {(2,), (5,), (2, 3), (2, 4)}
     assert by_tokens[(2,)].path == (0,) and by_tokens[(5,)].path == (1,)  # ranked by how often
@@ -84,15 +84,15 @@ def test_the_tree_is_the_most_frequent_continuations_scored_by_laplaces_rule():
 
 def test_a_stop_token_ends_a_continuation():
     index = SuffixIndex([[1, 2, 7, 3]])
-    nodes = grow([(index, index.longest_match([1])[1])], depth=4, budget=10, stop_ids=frozenset([7]))
+    nodes = list(grow([(index, index.longest_match([1])[1])], depth=4, budget=10, stop_ids=frozenset([7])))
     assert [node.tokens for node in nodes] == [(2,)]
 
 
 def test_the_budget_keeps_the_best_nodes():
     index = SuffixIndex([[1, 2, 3, 4, 5]] * 3 + [[1, 6]] * 2 + [[1, 8]])
     after = index.longest_match([1])[1]
-    everything = grow([(index, after)], depth=8, budget=100, stop_ids=NO_STOPS)
-    kept = grow([(index, after)], depth=8, budget=3, stop_ids=NO_STOPS)
+    everything = list(grow([(index, after)], depth=8, budget=100, stop_ids=NO_STOPS))
+    kept = list(grow([(index, after)], depth=8, budget=3, stop_ids=NO_STOPS))
     assert [node.tokens for node in kept] == [node.tokens for node in everything[:3]]
     assert max(len(node.path) for node in grow([(index, after)], depth=2, budget=100, stop_ids=NO_STOPS)) == 2
 

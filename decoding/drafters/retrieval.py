@@ -27,7 +27,7 @@ import itertools
 import json
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -37,7 +37,7 @@ import torch
 
 from ..assets import RECORDINGS_DIR, recordings_of
 from ..cost_curve import model_cost_curve
-from ..dynamic_tree import DRAFT_COST_SMOOTHING, DYNAMIC_TREE, best_size
+from ..dynamic_tree import DRAFT_COST_SMOOTHING, DYNAMIC_TREE, best_prefix, least_added_costs
 from ..model import LoadedModel
 from ..settings import DecodeSettings, Setting
 from ..suffix_index import MAX_DEPTH, SEPARATOR, Source, SuffixIndex, TextSoFar
@@ -129,27 +129,28 @@ def _group_by_next(tokens: np.ndarray, positions: np.ndarray) -> dict[int, np.nd
             for token, start, count in zip(unique.tolist(), starts.tolist(), counts.tolist(), strict=True)}
 
 
-def grow(found: Found, depth: int, budget: int, stop_ids: frozenset[int]) -> list[Node]:
+def grow(found: Found, depth: int, budget: int, stop_ids: frozenset[int]) -> Iterator[Node]:
     """The `budget` best-scored continuations of the match, at most `depth` deep, best first. A
     child scores below its parent and comes into view only once its parent is taken, so every
-    prefix of the list is a tree."""
-    taken: list[Node] = []
+    prefix of them is a tree. A node's children are looked up only when the next node is asked
+    for: a reader that stops early (`best_prefix`) spares the lookups it would not use."""
     frontier: list[tuple[float, int, Node]] = []  # (-score, order of arrival, node): a heap
     arrivals = itertools.count()
 
-    def offer_children(parent: Node) -> None:
-        for rank, (token, where) in enumerate(continuations(parent.found, stop_ids, budget - len(taken))):
+    def offer_children(parent: Node, taken: int) -> None:
+        for rank, (token, where) in enumerate(continuations(parent.found, stop_ids, budget - taken)):
             child = Node(parent.tokens + (token,), parent.path + (rank,), where)
             child.score = score_of(parent, child.count)
             heapq.heappush(frontier, (-child.score, next(arrivals), child))
 
-    offer_children(Node((), (), found))
-    while frontier and len(taken) < budget:
+    offer_children(Node((), (), found), 0)
+    for taken in range(1, budget + 1):
+        if not frontier:
+            return
         node = heapq.heappop(frontier)[-1]
-        taken.append(node)
-        if len(node.path) < depth:
-            offer_children(node)
-    return taken
+        yield node
+        if len(node.path) < depth and taken < budget:
+            offer_children(node, taken)
 
 
 def tree_of(nodes: list[Node], root: int) -> tuple[Tree, list[int], list[Node]]:
@@ -173,6 +174,11 @@ class Trust:
         """The chance that the base model accepts `node`, as this run has measured such scores."""
         where = node.found[0][0].where
         return min(1.0, node.score * (self.accepted[where] + 1) / (self.scored[where] + 1))
+
+    def most_expected(self, score: float, found: Found) -> float:
+        """The most that any guess scored `score` or less, found in `found`'s sources, is expected to be."""
+        return min(1.0, score * max((self.accepted[source.where] + 1) / (self.scored[source.where] + 1)
+                                    for source, _ in found))
 
     def learn(self, verified: list[Node], accepted: tuple[int, ...]) -> None:
         for node in verified:
@@ -207,6 +213,7 @@ class RetrievalDrafter(Drafter):
         self.depth, self.max_nodes, self.recorded = depth, max_nodes, recorded
         # Without a fixed size the cut keeps what this machine's cost curve says pays.
         self.curve = None if fixed_size else model_cost_curve(lm)
+        self.added_costs = least_added_costs(self.curve, max_nodes) if self.curve else None
         self.draft_cost = 0.0  # a round's retrieval, in one-token steps of the base model: measured as it runs
         self.written: list[int] = []
         self.verified: list[Node] = []  # this round's guesses, to learn from what the base model kept
@@ -248,9 +255,11 @@ class RetrievalDrafter(Drafter):
         context = self.written + [root]
         length, found = self.match(context)
         depth = min(self.depth, max_depth)
-        nodes = grow(found, depth, self.max_nodes, self.stop_ids) if depth >= 1 and length else []
-        expected = [self.trust.expected(node) for node in nodes]
-        self.verified = nodes = nodes[:best_size(expected, self.curve, self.draft_cost, self.max_nodes)]
+        # Scores only fall as the trie grows, so the nodes are read only as far as one more could pay.
+        candidates = grow(found, depth, self.max_nodes, self.stop_ids) if depth >= 1 and length else iter(())
+        self.verified = nodes = best_prefix(candidates, self.trust.expected,
+                                            lambda node: self.trust.most_expected(node.score, found),
+                                            self.curve, self.draft_cost, self.max_nodes, self.added_costs)
         if not nodes:
             proposal = Proposal(Tree((), name=DYNAMIC_TREE), torch.tensor([root], device=self.device))
         else:
