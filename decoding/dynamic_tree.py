@@ -86,16 +86,7 @@ def best_size(confidences: list[float], curve: CostCurve | None, draft_cost: flo
     """How many of the most confident guesses to verify: the n that maximises the expected tokens
     of a round, 1 + (their summed confidence), over its cost, c(n + 1) + drafting, in steps.
     `confidences` are sorted, most confident first. Without a curve, as many as allowed."""
-    limit = min(max_nodes, len(confidences))
-    if curve is None:
-        return limit
-    best, best_rate, expected = 0, 1.0 / (curve.cost(1) + draft_cost), 1.0
-    for n in range(1, limit + 1):
-        expected += confidences[n - 1]
-        rate = expected / (curve.cost(n + 1) + draft_cost)
-        if rate > best_rate:
-            best, best_rate = n, rate
-    return best
+    return len(best_prefix(confidences, lambda confidence: confidence, curve, draft_cost, max_nodes))
 
 
 def least_added_costs(curve: CostCurve, max_nodes: int) -> list[float]:
@@ -107,31 +98,33 @@ def least_added_costs(curve: CostCurve, max_nodes: int) -> list[float]:
             for n in range(max_nodes + 1)]
 
 
-def best_prefix(candidates: Iterable[T], confidence: Callable[[T], float], ceiling: Callable[[T], float],
-                curve: CostCurve | None, draft_cost: float, max_nodes: int,
+def best_prefix(candidates: Iterable[T], confidence: Callable[[T], float], curve: CostCurve | None,
+                draft_cost: float, max_nodes: int, ceiling: Callable[[T], float] | None = None,
                 added_costs: list[float] | None = None) -> list[T]:
-    """`best_size`'s cut of candidates that come best first, read only as far as one more could pay:
-    a drafter that makes its candidates as they are read then makes no more than it needs.
+    """The prefix of `candidates` (best first) that `best_size` keeps. Given a `ceiling`, they are
+    read only as far as one more could pay: a drafter that makes its candidates as they are read
+    then makes no more than it needs (`added_costs`: `least_added_costs` of the curve, kept).
 
     `ceiling(c)` bounds the confidence of every candidate after c. After n candidates, the best
     rate so far is R; k more, each at most e confident, give at most (1 + S_n + k e) over
     C(n + k), where 1 + S_n <= R C(n), so they cannot beat R when e <= R (C(n + k) - C(n)) / k for
-    every k: when e <= R times the least added cost (`least_added_costs`). Then reading stops,
-    and the cut is the one `best_size` would make of every candidate."""
+    every k: when e <= R times the least added cost. Then reading stops, and the cut is the one
+    made of every candidate."""
     if curve is None:
         return list(itertools.islice(candidates, max_nodes))
-    added_costs = added_costs or least_added_costs(curve, max_nodes)
+    if ceiling is not None and added_costs is None:
+        added_costs = least_added_costs(curve, max_nodes)
     taken: list[T] = []
-    confidences: list[float] = []
-    expected, best_rate = 1.0, 1.0 / (curve.cost(1) + draft_cost)
+    best, best_rate, expected = 0, 1.0 / (curve.cost(1) + draft_cost), 1.0
     for candidate in itertools.islice(candidates, max_nodes):
         taken.append(candidate)
-        confidences.append(confidence(candidate))
-        expected += confidences[-1]
-        best_rate = max(best_rate, expected / (curve.cost(len(taken) + 1) + draft_cost))
-        if ceiling(candidate) <= best_rate * added_costs[len(taken)]:
+        expected += confidence(candidate)
+        rate = expected / (curve.cost(len(taken) + 1) + draft_cost)
+        if rate > best_rate:
+            best, best_rate = len(taken), rate
+        if ceiling is not None and ceiling(candidate) <= best_rate * added_costs[len(taken)]:
             break
-    return taken[:best_size(confidences, curve, draft_cost, max_nodes)]
+    return taken[:best]
 
 
 def rerank(draft: DraftTree, curve: CostCurve | None, draft_cost: float, max_nodes: int) -> list[int]:

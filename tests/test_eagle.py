@@ -284,7 +284,8 @@ def test_best_prefix_reads_only_as_far_as_one_more_could_pay_and_cuts_as_best_si
         confidences = sorted((rng.random() ** 3 for _ in range(rng.randint(0, 63))), reverse=True)
         read: list[int] = []
         confidence = confidences.__getitem__  # sorted: each bounds every one after it
-        cut = best_prefix(_reading(len(confidences), read), confidence, confidence, curve, draft_cost, 63)
+        cut = best_prefix(_reading(len(confidences), read), confidence, curve, draft_cost, 63, ceiling=confidence,
+                          added_costs=least_added_costs(curve, 63))
         assert cut == list(range(best_size(confidences, curve, draft_cost, 63)))
         read_fewer += len(read) < len(confidences)
     assert read_fewer > 100  # on the steep curve most rounds stop early

@@ -172,13 +172,14 @@ class Trust:
 
     def expected(self, node: Node) -> float:
         """The chance that the base model accepts `node`, as this run has measured such scores."""
-        where = node.found[0][0].where
-        return min(1.0, node.score * (self.accepted[where] + 1) / (self.scored[where] + 1))
+        return min(1.0, node.score * self._borne_out(node.found[0][0].where))
 
     def most_expected(self, score: float, found: Found) -> float:
         """The most that any guess scored `score` or less, found in `found`'s sources, is expected to be."""
-        return min(1.0, score * max((self.accepted[source.where] + 1) / (self.scored[source.where] + 1)
-                                    for source, _ in found))
+        return min(1.0, score * max(self._borne_out(source.where) for source, _ in found))
+
+    def _borne_out(self, where: str) -> float:
+        return (self.accepted[where] + 1) / (self.scored[where] + 1)
 
     def learn(self, verified: list[Node], accepted: tuple[int, ...]) -> None:
         for node in verified:
@@ -257,9 +258,11 @@ class RetrievalDrafter(Drafter):
         depth = min(self.depth, max_depth)
         # Scores only fall as the trie grows, so the nodes are read only as far as one more could pay.
         candidates = grow(found, depth, self.max_nodes, self.stop_ids) if depth >= 1 and length else iter(())
-        self.verified = nodes = best_prefix(candidates, self.trust.expected,
-                                            lambda node: self.trust.most_expected(node.score, found),
-                                            self.curve, self.draft_cost, self.max_nodes, self.added_costs)
+        def ceiling(node: Node) -> float:
+            return self.trust.most_expected(node.score, found)
+
+        self.verified = nodes = best_prefix(candidates, self.trust.expected, self.curve, self.draft_cost,
+                                            self.max_nodes, ceiling=ceiling, added_costs=self.added_costs)
         if not nodes:
             proposal = Proposal(Tree((), name=DYNAMIC_TREE), torch.tensor([root], device=self.device))
         else:
