@@ -127,6 +127,8 @@ def test_cli_bench_json(capsys, tiny_dirs, tmp_path):
             row["untraced"]["seconds_per_round"] / report["ar"]["seconds_per_round"])
         # Its two parts are both measured, neither left at zero (their sum is the round by definition).
         assert 0 < row["verify_cost"] and 0 < row["rest_cost"]
+        # The drafting is measured on its own, a part of the rest.
+        assert 0 < row["draft_cost"] < row["rest_cost"]
     assert report["ar"]["tokens"] == 2 * 16 and report["ar"]["forward_passes"] == 2 * 16
 
 
@@ -196,7 +198,7 @@ def test_bench_table_explains_differing_output_by_dtype():
     from decoding.bench import format_table
 
     row = {"label": "medusa optimal-8", "tree_size": 9, "speedup": 1.5, "mean_accepted": 2.5, "round_cost": 1.6,
-           "verify_cost": 1.3, "rest_cost": 0.2, "trace_overhead": 0.04, "identical": True,
+           "verify_cost": 1.3, "rest_cost": 0.2, "draft_cost": 0.1, "trace_overhead": 0.04, "identical": True,
            "traced": {"tokens_per_second": 100.0, "forward_passes": 10}}
     report = {"model": "m", "device": "cpu", "dtype": "bfloat16", "attention": "library", "dtype_reason": "",
               "prompts": 1, "max_new_tokens": 8, "acceptance": "greedy",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import re
 
 import numpy as np
 import pytest
@@ -82,6 +83,31 @@ def test_the_tree_is_the_most_frequent_continuations_scored_by_laplaces_rule():
         seen.add(node.path)
 
 
+@pytest.mark.parametrize("size", [40, 3000])  # counted in Python, and by numpy's sort past SMALL_COUNT
+def test_the_continuations_are_the_most_frequent_next_tokens_with_every_place_they_followed(size):
+    rng = random.Random(size)
+    answers = [[rng.choice([1, 1, 1, 2, 3, 4, 5, 6, 7, 8]) for _ in range(12)] for _ in range(size // 12)]
+    index = SuffixIndex(answers)
+    text = TextSoFar([rng.choice([1, 2, 3, 9]) for _ in range(size // 4)] + [1])
+    found = [(source, source.longest_match([1])[1]) for source in (index, text)]
+    stops = frozenset([3])
+    # By brute force: every occurrence of "1", the token after it, counted over both sources.
+    after: dict[int, dict[str, set[int]]] = {}
+    for source, positions in found:
+        for position in positions.tolist():
+            token = int(source.tokens[position])
+            after.setdefault(token, {}).setdefault(source.where, set()).add(position + 1)
+    expected = sorted(((token, places) for token, places in after.items() if token >= 0 and token not in stops),
+                      key=lambda item: (-sum(map(len, item[1].values())), item[0]))
+    for limit in (2, 100):
+        got = retrieval.continuations(found, stops, limit)
+        assert [token for token, _ in got] == [token for token, _ in expected[:limit]]
+        for (_, where), (_, places) in zip(got, expected, strict=False):
+            assert {source.where: set(positions.tolist()) for source, positions in where} == places
+    tied = SuffixIndex([[1, 5], [1, 4]] * (size // 4))  # as often each: the lower token id first
+    assert [token for token, _ in retrieval.continuations([(tied, tied.longest_match([1])[1])], NO_STOPS, 2)] == [4, 5]
+
+
 def test_a_stop_token_ends_a_continuation():
     index = SuffixIndex([[1, 2, 7, 3]])
     nodes = list(grow([(index, index.longest_match([1])[1])], depth=4, budget=10, stop_ids=frozenset([7])))
@@ -146,6 +172,29 @@ def test_a_traced_round_says_where_each_guess_was_found_and_the_hover_shows_it(t
     assert any("earlier in this text" in text for text in hovers)
     assert "earlier in this text" in drafting_text(trace, rnd)  # the round's details say what it did
     assert "the text so far" in trace.drafter.description and "no recorded answers" in trace.drafter.description
+
+
+def test_a_match_found_more_often_than_it_reads_is_read_from_an_even_sample(tiny_llama, monkeypatch):
+    prompt_ids, answer = tiny_llama.tokenizer("abc abc").input_ids, reference_greedy(tiny_llama, "abc abc", 8)
+    index = SuffixIndex([prompt_ids + answer] * 200)  # the text, 200 times over
+    monkeypatch.setattr(retrieval, "recorded_index", lambda name: index)
+    monkeypatch.setattr(retrieval, "MAX_OCCURRENCES", 16)
+    settings = DecodeSettings(method="retrieval", max_new_tokens=8, retrieval_nodes=4)
+    drafter = retrieval.RetrievalDrafter.create(tiny_llama, settings)
+    context = prompt_ids + answer[:1]
+    length, found, occurrences = drafter.match(context)
+    _, everywhere = index.longest_match(context)
+    ((source, read),) = [(source, positions) for source, positions in found if source is index]
+    assert occurrences >= len(everywhere) > 16 and sum(len(positions) for _, positions in found) <= 16
+    assert set(read.tolist()) <= set(everywhere.tolist())
+    assert (read[0], read[-1]) == (everywhere[0], everywhere[-1]) and len(set(read.tolist())) == len(read)  # end to end
+    trace = generate(tiny_llama, "abc abc", settings)
+    said = [re.search(r"times: ([\d,]+), ([\d,]+) of them read", rnd.drafting_note) for rnd in trace.rounds]
+    sampled = [(rnd, int(m[1].replace(",", "")), int(m[2])) for rnd, m in zip(trace.rounds, said, strict=True) if m]
+    assert sampled, "a round whose match occurs 200 times says how many of them it read"
+    for rnd, times, read_count in sampled:
+        assert times > 16 >= read_count
+        assert all(f"of the {read_count} places read" in origin for origin in rnd.node_origins[1:])
 
 
 def test_without_a_fixed_size_the_cut_follows_the_cost_curve(tiny_llama, monkeypatch):

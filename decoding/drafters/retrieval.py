@@ -52,7 +52,11 @@ MAX_NODES = MAX_AUTO_NODES - 1  # the cost curve measures passes up to 64 tokens
 # The last tokens of each recorded prompt, kept before its answer: the chat template's cue to
 # answer (SmolLM2's "<|im_start|>assistant\n"), so the first round finds how answers begin.
 ANSWER_CUE = 4
-SMALL_COUNT = 256  # continuations few enough to count in Python, cheaper than numpy's sorting
+# A match found more often is read from an even sample of its places: what follows it is as well
+# estimated from a thousand, and each place read costs (a one-token match occurs up to 11,000
+# times in SmolLM2's answers, each node of its trie then thousands more).
+MAX_OCCURRENCES = 1024
+SMALL_COUNT = 256  # occurrences few enough to count in Python, cheaper than numpy's sorting
 
 
 def recorded_answers(model: str, folder: Path = RECORDINGS_DIR) -> list[list[int]]:
@@ -104,29 +108,45 @@ def score_of(parent: Node, count: int) -> float:
 
 
 def continuations(found: Found, stop_ids: frozenset[int], limit: int) -> list[tuple[int, Found]]:
-    """The tokens that came next, most frequent first (at most `limit`), each with where it did;
-    a separator or a stop token ends a continuation."""
+    """The tokens that came next, most frequent first (at most `limit`; ties by token id), each
+    with where it did; a separator or a stop token ends a continuation."""
+    if sum(len(positions) for _, positions in found) > SMALL_COUNT:
+        return _most_frequent_next(found, stop_ids, limit)
     after: dict[int, Found] = defaultdict(list)
     for source, positions in found:
-        for token, where in _group_by_next(source.tokens, positions).items():
+        groups: dict[int, list[int]] = defaultdict(list)
+        for token, position in zip(source.tokens[positions].tolist(), positions.tolist(), strict=True):
+            groups[token].append(position + 1)
+        for token, where in groups.items():
             if token != SEPARATOR and token not in stop_ids:
-                after[token].append((source, where))
+                after[token].append((source, np.array(where)))
     ranked = sorted(after.items(), key=lambda item: (-sum(len(p) for _, p in item[1]), item[0]))
     return ranked[:limit]
 
 
-def _group_by_next(tokens: np.ndarray, positions: np.ndarray) -> dict[int, np.ndarray]:
-    """The positions grouped by the token at each, every one moved on by one."""
-    if len(positions) <= SMALL_COUNT:
-        groups: dict[int, list[int]] = defaultdict(list)
-        for token, position in zip(tokens[positions].tolist(), positions.tolist(), strict=True):
-            groups[token].append(position + 1)
-        return {token: np.array(where) for token, where in groups.items()}
-    following = tokens[positions]
-    order = np.argsort(following, kind="stable")
-    unique, starts, counts = np.unique(following[order], return_index=True, return_counts=True)
-    return {token: positions[order[start:start + count]] + 1
-            for token, start, count in zip(unique.tolist(), starts.tolist(), counts.tolist(), strict=True)}
+def _most_frequent_next(found: Found, stop_ids: frozenset[int], limit: int) -> list[tuple[int, Found]]:
+    """`continuations` for many occurrences. A match of one common token occurs thousands of times,
+    followed by hundreds of different tokens: sort each source's occurrences by the token after
+    them once, count, and gather the positions of the `limit` most frequent alone."""
+    grouped = []  # per source: its positions moved on by one, sorted by the next token; the tokens; their runs
+    for source, positions in found:
+        following = source.tokens[positions]
+        order = np.argsort(following, kind="stable")
+        tokens, starts, counts = np.unique(following[order], return_index=True, return_counts=True)
+        grouped.append((source, positions[order] + 1, tokens, starts, counts))
+    every = np.concatenate([tokens for _, _, tokens, _, _ in grouped])
+    tokens, which = np.unique(every, return_inverse=True)
+    totals = np.bincount(which, weights=np.concatenate([counts for *_, counts in grouped]))
+    allowed = (tokens != SEPARATOR) & ~np.isin(tokens, np.fromiter(stop_ids, dtype=np.int64, count=len(stop_ids)))
+    tokens, totals = tokens[allowed], totals[allowed]
+    best = tokens[np.lexsort((tokens, -totals))[:limit]]  # most frequent first, ties by token id
+    ranked: list[tuple[int, Found]] = [(token, []) for token in best.tolist()]
+    for source, after, seen, starts, counts in grouped:
+        at = np.minimum(np.searchsorted(seen, best), len(seen) - 1)
+        for (_, where), i, present in zip(ranked, at.tolist(), (seen[at] == best).tolist(), strict=True):
+            if present:
+                where.append((source, after[starts[i]:starts[i] + counts[i]]))
+    return ranked
 
 
 def grow(found: Found, depth: int, budget: int, stop_ids: frozenset[int]) -> Iterator[Node]:
@@ -241,20 +261,27 @@ class RetrievalDrafter(Drafter):
         self.written += written
         self.trust.learn(self.verified, tuple(written[1:]))
 
-    def match(self, context: list[int]) -> tuple[int, Found]:
-        """The longest suffix of `context` found anywhere in the corpus, and where: in every source
-        that holds it that long (the text so far counts as part of the corpus)."""
+    def match(self, context: list[int]) -> tuple[int, Found, int]:
+        """The longest suffix of `context` found anywhere in the corpus, where (in every source that
+        holds it that long: the text so far counts as part of the corpus), and how many times.
+        Where it occurs more than MAX_OCCURRENCES times, the places kept are an even sample."""
         sources: list[Source] = [TextSoFar(context), *([self.recorded] if self.recorded else [])]
         matches = [(source, *source.longest_match(context)) for source in sources]
         length = max(length for _, length, _ in matches)
         if length == 0:
-            return 0, []
-        return length, [(source, positions) for source, reach, positions in matches if reach == length]
+            return 0, [], 0
+        found = [(source, positions) for source, reach, positions in matches if reach == length]
+        occurrences = sum(len(positions) for _, positions in found)
+        if occurrences > MAX_OCCURRENCES:  # each source keeps its share of the sample, one place at least
+            found = [(source, positions[np.linspace(0, len(positions) - 1, max(1, MAX_OCCURRENCES * len(positions)
+                                                                               // occurrences)).astype(np.int64)])
+                     for source, positions in found]
+        return length, found, occurrences
 
     def propose(self, root: int, hidden: torch.Tensor | None, max_depth: int, with_probs: bool) -> Proposal:
         started = time.perf_counter()
         context = self.written + [root]
-        length, found = self.match(context)
+        length, found, occurrences = self.match(context)
         depth = min(self.depth, max_depth)
         # Scores only fall as the trie grows, so the nodes are read only as far as one more could pay.
         candidates = grow(found, depth, self.max_nodes, self.stop_ids) if depth >= 1 and length else iter(())
@@ -271,20 +298,24 @@ class RetrievalDrafter(Drafter):
         self._measure(started)
         if with_probs:
             matched = self._shown(context[len(context) - length:], lead=True)
-            total = sum(len(positions) for _, positions in found)
-            proposal.origins = ["base model"] + [self.origin(node, matched, total) for node in nodes]
+            read = sum(len(positions) for _, positions in found)
+            proposal.origins = ["base model"] + [self.origin(node, matched, read, read < occurrences)
+                                                 for node in nodes]
             places = " and ".join(source.where for source, _ in found)
-            proposal.note = (f"the text's end '{matched}' (tokens: {length}) found in {places} (times: {total}); "
+            sample = f", {read:,} of them read" if read < occurrences else ""
+            proposal.note = (f"the text's end '{matched}' (tokens: {length}) found in {places} "
+                             f"(times: {occurrences:,}{sample}); "
                              f"continuations verified: {len(nodes)}" if length else
                              "nothing in the past answers or the text so far ends as this text does: no guesses")
         return proposal
 
-    def origin(self, node: Node, matched: str, total: int) -> str:
+    def origin(self, node: Node, matched: str, read: int, sampled: bool) -> str:
         """Where a guess was found, for the tree's hover: how often its path followed the match, in which texts."""
         counts = {source.where: len(positions) for source, positions in node.found}
         where = (f"in {next(iter(counts))}" if len(counts) == 1 else
                  "(" + ", ".join(f"{count} in {place}" for place, count in counts.items()) + ")")
-        return f"'{self._shown(node.tokens)}' followed '{matched}' {node.count} of {total} times {where}"
+        of = f"the {read:,} places read" if sampled else f"{read:,} times"
+        return f"'{self._shown(node.tokens)}' followed '{matched}' {node.count} of {of} {where}"
 
     def _shown(self, tokens: Sequence[int], lead: bool = False, chars: int = 32) -> str:
         """Tokens as text, cut to `chars` (at the start where `lead`: the end of a match is what matters)."""
