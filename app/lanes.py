@@ -37,6 +37,11 @@ def in_sentence(method: str) -> str:
     return _drafter(method).in_sentence or title(method)
 
 
+def passes_of(method: str) -> str:
+    """What runs the drafter's passes of its own, in a sentence: "the draft model", "EAGLE's draft layer"."""
+    return _drafter(method).passes_of or in_sentence(method)
+
+
 def colour(method: str) -> str:
     return AR if method == PLAIN else _drafter(method).colour
 

@@ -21,7 +21,7 @@ from decoding.trace import RoundTrace, TreeTrace
 
 from . import eagle_views
 from .figure_style import LAPTOP, MASK_SHARE, SIDEBAR_CLOSED_BELOW, SIDEBAR_PX, Look, base_layout, message_figure
-from .lanes import DRAFT_MODEL, EAGLE, PROMPT_LOOKUP, guess_name
+from .lanes import EAGLE, guess_name, guess_noun
 from .palette import ACCEPTED, ALLOWED, BASE, BLOCKED, INK, head_colour
 from .tokens import count, figure_text
 from .tree_layout import leaf_count, tidy_layout
@@ -101,21 +101,15 @@ def node_origin(rnd: RoundTrace, node: int) -> str:
 
 def _proposer(tree: TreeTrace, rnd: RoundTrace, node: int, p_guess: float | None) -> list[str]:
     """Who proposed the node, and how sure it was: where the drafter says where it found the
-    guess, that; else each drafter's own words."""
-    depth, drafter = tree.depths[node], drafter_of(rnd)
+    guess, that; EAGLE's draft; else its place in the tree, in the drafter's own word for a guess."""
+    depth, rank, drafter = tree.depths[node], tree.ranks[node], drafter_of(rnd)
     if origin := node_origin(rnd, node):
         return [origin]
-    if drafter == DRAFT_MODEL:
-        rank = f" (its choice {tree.ranks[node] + 1} there)" if tree.ranks[node] else ""
-        return [f"the draft model's guess, {count(depth, 'token')} after the root{rank}",
-                f"draft model's probability: {p_guess:.2f}" if p_guess is not None else ""]
     if drafter == EAGLE:
         return eagle_views.proposer_lines(rnd, node)
-    if drafter == PROMPT_LOOKUP:
-        where = f"position {rnd.copied_from + depth - 1}" if rnd.copied_from is not None else "earlier"
-        return [f"copied from {where} of the text (prompt + answer so far)"]
-    return [f"head {tree.depths[node]}, rank {tree.ranks[node] + 1} (its top-{tree.ranks[node] + 1} guess)",
-            f"head's probability: {p_guess:.2f}" if p_guess is not None else ""]
+    return [f"{guess_name(drafter, depth)}, rank {rank + 1}: its top-{rank + 1} guess, {count(depth, 'token')} "
+            "after the root",
+            f"{guess_noun(drafter)}'s probability: {p_guess:.2f}" if p_guess is not None else ""]
 
 
 def _edge_trace(points: list[tuple[tuple[float, float], tuple[float, float]]], *, name: str,

@@ -104,9 +104,9 @@ def run_summary(trace: RunTrace, first_round_after: float | None = None) -> str:
         return (f"**{facts.tokens} token from the prefill pass alone**: the run {reason} "
                 "before any round, so there is no tree to show. Raise *Max new tokens* to see one.")
     latency = f" · first round ready {first_round_after:.2f} s after Run" if first_round_after else ""
-    drafter = "EAGLE's draft layer" if trace.settings.method == lanes.EAGLE else "the draft model"
     # The drafter's own passes are passes of a smaller network: counted apart, never added in.
-    own = f", and {count(facts.draft_passes, 'pass', 'passes')} of {drafter}" if facts.draft_passes else ""
+    own = (f", and {count(facts.draft_passes, 'pass', 'passes')} of {lanes.passes_of(trace.settings.method)}"
+           if facts.draft_passes else "")
     if facts.finished:
         timing = f"{facts.seconds:.2f} s measured ({rate(facts.tokens_per_second)})"
     else:
@@ -156,23 +156,18 @@ def refusal_text(error: Exception, what: str = "run", earlier: bool = False) -> 
 
 
 def drafting_text(trace: RunTrace, rnd: RoundTrace) -> str:
-    """What the drafter did this round, before the verify pass (nothing to say for Medusa's
-    heads, whose guesses the tree shows)."""
+    """What the drafter did this round, before the verify pass: its own words where it says them,
+    EAGLE's draft, or the passes of its own it ran (nothing for Medusa's heads, whose guesses the
+    tree shows)."""
     method, guesses = trace.settings.method, rnd.tree_size - 1
     if rnd.drafting_note:  # the drafter's own words
         return f"{md_text(rnd.drafting_note)} · "
     if method == lanes.EAGLE:
         return eagle_views.drafting_text(rnd)
-    if method == lanes.DRAFT_MODEL:
-        return (f"the draft model wrote {count(guesses, 'guess', 'guesses')} in "
-                f"**{count(rnd.draft_passes, 'pass', 'passes')}** of its own "
-                f"(**{rnd.time_draft * 1e3:.1f} ms**) · ")
-    if method != lanes.PROMPT_LOOKUP:
+    if not rnd.draft_passes:
         return ""
-    if rnd.copied_from is None:
-        return "no earlier words matched the last ones: nothing to copy · "
-    where = "the prompt" if rnd.copied_from < len(trace.prompt_tokens) else "the answer so far"
-    return f"copied {count(guesses, 'token')} from position {rnd.copied_from} (in {where}) · "
+    return (f"{lanes.passes_of(method)} wrote {count(guesses, 'guess', 'guesses')} in "
+            f"**{count(rnd.draft_passes, 'pass', 'passes')}** of its own (**{rnd.time_draft * 1e3:.1f} ms**) · ")
 
 
 @dataclass(frozen=True)

@@ -317,7 +317,7 @@ def speculative_decode(lm: LoadedModel, prompt: str, settings: DecodeSettings) -
             emitted_from_drafter=[i < len(new_tokens) - 1 for i in range(len(kept))],
             time_draft=drafted - start, time_verify=verified - drafted,
             time_accept=accepted_done - verified, t_end=0.0,
-            draft_passes=proposal.draft_passes, copied_from=proposal.copied_from,
+            draft_passes=proposal.draft_passes,
             next_token=verdict.next_token, next_text=lm.token_text(verdict.next_token),
         )
         if settings.detailed_trace:

@@ -153,8 +153,6 @@ class RoundTrace:
     time_trace: float = 0.0
     # Forward passes of a draft model this round (draft-model runs); `time_draft` is their cost.
     draft_passes: int = 0
-    # Prompt lookup: the position in the sequence (prompt + output) its guesses were copied from.
-    copied_from: int | None = None
     # --- speculative runs only (empty for AR runs or when detailed tracing is off) ---
     root_token: int | None = None
     # guesses[d][r]: the drafter's rank-r guess for the token d+1 places after the root, as deep
@@ -217,7 +215,13 @@ def _renamed(data: dict[str, Any], renamed: dict[str, str]) -> dict[str, Any]:
     return {renamed.get(key, key): value for key, value in data.items()}
 
 
+# Round fields older traces carry that are now said otherwise: prompt lookup's `copied_from` is in
+# its round's `drafting_note` and `node_origins`.
+RETIRED_ROUND_FIELDS = frozenset({"copied_from"})
+
+
 def _round_from_dict(data: dict[str, Any]) -> RoundTrace:
+    data = {key: value for key, value in data.items() if key not in RETIRED_ROUND_FIELDS}
     if data.get("tree") is not None:
         data["tree"] = _tree_from_dict(data["tree"])
     if data.get("drafted") is not None:

@@ -13,6 +13,7 @@ import re
 import threading
 from collections import Counter
 
+from decoding.drafters.prompt_lookup import NOTHING_TO_COPY, copy_note, copy_origins
 from decoding.race import RaceResult
 from decoding.trace import DraftedTree, DrafterInfo, RoundTrace, RunSettings, RunTrace, TreeTrace
 
@@ -138,8 +139,10 @@ def make_chain_run(method: str, accepted: list[int | None], length: int = 4, see
             rnd.draft_passes = length
             rnd.guess_probs = [[0.5] for _ in range(length)]
         else:
-            rnd.guess_probs = []
-            rnd.copied_from = None if count is None else 2 + rnd.index
+            rnd.guess_probs = []  # prompt lookup copies 2 + k tokens on, in the drafter's own words
+            copied = 2 + rnd.index
+            rnd.drafting_note = NOTHING_TO_COPY if count is None else copy_note(copied, length, len(run.prompt_tokens))
+            rnd.node_origins = [] if count is None else copy_origins(copied, length)
     parameters = 30_000 if method == "draft-model" else 0
     run.drafter = DrafterInfo(method, f"a hand-made {method}", parameters, 4 * parameters,
                               6_000 if method == "draft-model" else 0)

@@ -16,6 +16,7 @@ from app.text import load_steps, render_steps, walkthrough_run
 from app.tree_figures import mask_figure, tree_figure
 from app_helpers import SMALL_CHOICES, carries, make_ar_run, make_chain_run, make_race, make_run, numbers_in
 from decoding.drafters import DRAFTERS
+from decoding.drafters.prompt_lookup import copy_note
 
 
 @pytest.fixture
@@ -50,7 +51,7 @@ def test_a_draft_model_round_names_the_drafter_its_passes_and_its_draft_time(dra
 def test_a_prompt_lookup_round_says_where_it_copied_from_or_that_nothing_matched(lookup):
     in_prompt = views.drafting_text(lookup, lookup.rounds[0])
     assert numbers_in(in_prompt) == [4, 2] and "prompt" in in_prompt  # 4 tokens from position 2, of 4 prompt tokens
-    lookup.rounds[2].copied_from = 7  # past the 4 prompt tokens
+    lookup.rounds[2].drafting_note = copy_note(7, 4, len(lookup.prompt_tokens))  # past the 4 prompt tokens
     in_answer = views.drafting_text(lookup, lookup.rounds[2])
     assert numbers_in(in_answer) == [4, 7] and "prompt" not in in_answer
     nothing = views.drafting_text(lookup, lookup.rounds[1])
@@ -71,8 +72,8 @@ def test_chain_rounds_draw_one_row_headed_by_the_drafter_with_who_proposed_each_
     full = tree_figure(draft.tree, draft.rounds[0])  # every guess accepted: the star follows on the row
     assert [t for t in full.data if (t.name or "").startswith("next token")][0].y == (0.0,)
     hovers = _node_hovers(figure)
-    assert any("the draft model's guess, 2 tokens after the root" in h and "probability: 0.50" in h
-               for h in hovers)
+    assert any(f"{lanes.guess_name('draft-model', 2)}, rank 1: its top-1 guess, 2 tokens after the root" in h
+               and "probability: 0.50" in h for h in hovers)
     lookup_hovers = _node_hovers(tree_figure(lookup.tree, lookup.rounds[0]))
     assert any("copied from position 3 of the text" in h for h in lookup_hovers)  # depth 2, copied from 2
     assert not any("head 1, rank" in h for h in lookup_hovers)

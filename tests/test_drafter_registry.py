@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app import lanes
+from app import lanes, views
 from app.inputs import RunRequest, decode_settings, trace_request
 from app.sidebar import drafter_controls
+from app.tree_figures import tree_figure
 from decoding import DecodeSettings, DecodingError, generate
 from decoding.bench import run_bench
 from decoding.cli import build_parser
@@ -61,6 +62,14 @@ def test_a_registered_drafter_is_offered_everywhere(repeat, tiny_llama):
     assert trace.settings.method == "repeat" and trace.settings.options == {"repeat_tokens": 3}
     assert RunTrace.from_json(trace.to_json()).settings.repeat_tokens == 3
     assert {source for rnd in trace.rounds for source in rnd.node_sources} == {"base", "repeat"}
+    # The tree's hover: each guess in the drafter's own word for it, never another drafter's.
+    guessed = next(rnd for rnd in trace.rounds if rnd.tree_size > 2)
+    hovers = [text for part in tree_figure(trace.round_tree(guessed), guessed).data if part.hovertext
+              for text in part.hovertext]
+    assert any(f"{lanes.guess_name('repeat', 2)}, rank 1: its top-1 guess, 2 tokens after the root" in h
+               for h in hovers)
+    assert not any("head" in h for h in hovers)
+    assert "Repeat" in views.round_info(trace, guessed.index)
     # Bench: a lane of its own.
     report = run_bench(tiny_llama, ["abc abc"], DecodeSettings(max_new_tokens=4), ["auto"], progress=False,
                        drafters=["repeat"])

@@ -10,6 +10,7 @@ their guesses range from nearly always right to nearly always wrong.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ from decoding import DecodeSettings, DecodingError, RunTrace, generate
 from decoding.drafters import Drafter, check_settings
 from decoding.drafters.draft_model import NAME as DRAFT_MODEL
 from decoding.drafters.draft_model import load_draft_model
-from decoding.drafters.prompt_lookup import find_continuation
+from decoding.drafters.prompt_lookup import copy_origins, find_continuation
 from decoding.loading import load_model
 from decoding.model import LoadedModel
 from decoding.tiny import tiny_model
@@ -153,7 +154,12 @@ def test_trace_says_who_proposed_each_node(tiny_llama):
     assert guessed, "a repeating prompt gives prompt lookup something to copy"
     for rnd in guessed:
         assert rnd.node_sources == ["base"] + ["prompt-lookup"] * (rnd.tree_size - 1)
-        assert rnd.copied_from is not None and 0 <= rnd.copied_from < rnd.position
+        # The round says where it copied from, and its guesses are what the text holds there.
+        start = int(re.search(r"from position (\d+)", rnd.drafting_note).group(1))
+        text = trace.prompt_tokens + trace.tokens
+        guesses = rnd.node_tokens[1:]
+        assert 0 <= start < rnd.position and text[start:start + len(guesses)] == guesses
+        assert rnd.node_origins == copy_origins(start, len(guesses))
         assert trace.round_tree(rnd).size == rnd.tree_size
     assert trace.drafter.name == "prompt-lookup" and trace.drafter.parameters == 0
     assert trace.tree.name == "chain-10"

@@ -43,7 +43,7 @@ class Proposal:
 
     `guesses[d][r]` is the drafter's rank-r guess for the token d+1 places after the root (what
     the tree's nodes were picked from) and `guess_probs` the drafter's probability of each, when
-    it has one; both only for showing. `copied_from` is where prompt lookup found its guesses.
+    it has one; both only for showing.
     `origins`, where a drafter can say it, is where each node's guess was found, the root first,
     and `note` what it did this round, in a few words for a page to show (the trace's
     `node_origins` and `drafting_note`).
@@ -53,7 +53,6 @@ class Proposal:
     tokens: torch.Tensor  # (tree.size,) long
     guesses: torch.Tensor | None = None  # (depth, k) long
     guess_probs: torch.Tensor | None = None  # (depth, k) float
-    copied_from: int | None = None
     draft_passes: int = 0
     drafted: DraftedTree | None = None  # EAGLE: every candidate drafted, before the rerank
     origins: list[str] | None = None  # (tree.size,) text, when the round is traced in detail
@@ -102,6 +101,8 @@ class Drafter(ABC):
     who_guessed: ClassVar[str] = ""  # the source of accepted tokens ("copies"); in_sentence where empty
     drafts_with: ClassVar[str] = ""  # what it drafts with, in a sentence: "no weights at all: it copies earlier text"
     guess_name: ClassVar[str] = "guess"  # what its d-th guess is called: "head" (head 2), "copy" (copy 2)
+    # What runs its passes of its own, in a sentence ("EAGLE's draft layer"); in_sentence where empty.
+    passes_of: ClassVar[str] = ""
     colour: ClassVar[str] = "#6B7280"  # its lane's colour on every figure
     settings: ClassVar[tuple[Setting, ...]] = ()  # the settings it owns, with defaults and limits
     takes_tree: ClassVar[bool] = False  # whether the run's `tree` setting chooses its tree (Medusa's)

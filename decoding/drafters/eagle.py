@@ -75,6 +75,7 @@ class EagleDrafter(Drafter):
     drafts_with = "one decoder layer over the big model's own features (see *After Medusa*), with a small KV cache"
     description = "EAGLE (one draft layer over the model's features)"
     guess_name = "step"
+    passes_of = "EAGLE's draft layer"
     colour = "#BE185D"
     settings = (
         Setting("eagle_depth", 6, 1, 16, "levels the draft tree grows to (EAGLE-2's default)",

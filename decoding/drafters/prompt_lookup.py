@@ -37,6 +37,21 @@ def find_continuation(sequence: list[int], max_ngram: int, length: int,
     return [], None
 
 
+NOTHING_TO_COPY = "no earlier words matched the last ones: nothing to copy"
+
+
+def copy_note(start: int, copied: int, prompt_length: int) -> str:
+    """What a round copied, for a page: how many tokens, from where in the text."""
+    where = "the prompt" if start < prompt_length else "the answer so far"
+    return f"copied {copied} {'token' if copied == 1 else 'tokens'} from position {start} (in {where})"
+
+
+def copy_origins(start: int, copied: int) -> list[str]:
+    """Where each node of a copied chain came from, the root first."""
+    return ["the base model"] + [f"copied from position {start + i} of the text (prompt + answer so far)"
+                                 for i in range(copied)]
+
+
 @register
 class PromptLookupDrafter(Drafter):
     name = NAME
@@ -73,17 +88,22 @@ class PromptLookupDrafter(Drafter):
         self.device, self.length, self.max_ngram, self.stop_ids = device, length, max_ngram, stop_ids
         self.tree = chain_tree(length)
         self.written: list[int] = []
+        self.prompt_length = 0
 
     def begin(self, prompt_ids: list[int], states: torch.Tensor | None) -> None:
-        self.written = list(prompt_ids)
+        self.written, self.prompt_length = list(prompt_ids), len(prompt_ids)
 
     def propose(self, root: int, hidden: torch.Tensor | None, max_depth: int, with_probs: bool) -> Proposal:
         copied, start = find_continuation(self.written + [root], self.max_ngram, min(self.length, max_depth),
                                           self.stop_ids)
         if not copied:
-            return root_only(self.tree, root, self.device)
+            proposal = root_only(self.tree, root, self.device)
+            proposal.note = NOTHING_TO_COPY if with_probs else ""
+            return proposal
         proposal = chain_proposal(self.tree, root, copied, self.device)
-        proposal.copied_from = start
+        if with_probs:
+            proposal.origins = copy_origins(start, len(copied))
+            proposal.note = copy_note(start, len(copied), self.prompt_length)
         return proposal
 
     def advance(self, written: list[int], states: torch.Tensor | None) -> None:
