@@ -88,3 +88,17 @@ def test_it_is_the_attention_the_library_computes():
     library_step, _ = sdpa_attention_forward(module, query[:, :, :1], keys[:, :, :past], values[:, :, :past],
                                              None, scaling=0.25)
     assert torch.allclose(step, library_step, atol=1e-5)
+
+
+def test_a_half_precision_pass_multiplies_in_float32_and_answers_in_its_own_dtype():
+    """Its products are tiny: in float32 they cost what they cost on any CPU (in bfloat16 a CPU
+    without bfloat16 units runs them over 20x slower), and the model gets its own dtype back."""
+    tree = Tree.from_choices([[0], [1], [0, 0]], num_heads=2)
+    past = CHUNK + 5
+    generator = torch.Generator().manual_seed(1)
+    query = torch.randn(1, 4, tree.size, 16, generator=generator).to(torch.bfloat16)
+    keys, values = (torch.randn(1, 2, past + tree.size, 16, generator=generator).to(torch.bfloat16) for _ in range(2))
+    for window in (None, 8):
+        half = _tree_pass(query, keys, values, tree, past, window)
+        full = _tree_pass(query.float(), keys.float(), values.float(), tree, past, window)
+        assert half.dtype == torch.bfloat16 and torch.equal(half, full.to(torch.bfloat16))
