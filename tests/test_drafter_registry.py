@@ -6,15 +6,17 @@ import pytest
 import torch
 
 from app import lanes, views
+from app.drafter_costs import drafter_comparison
 from app.inputs import RunRequest, decode_settings, trace_request
 from app.sidebar import drafter_controls
 from app.tree_figures import tree_figure
+from app_helpers import make_race
 from decoding import DecodeSettings, DecodingError, generate
 from decoding.bench import run_bench
 from decoding.cli import build_parser
 from decoding.drafters import DRAFTERS, available_drafters, check_settings, drafter_class, register, unregister
 from decoding.drafters.base import Drafter, Proposal, chain_proposal, chain_tree, root_only
-from decoding.settings import Setting
+from decoding.settings import PLAIN, Setting
 from decoding.trace import DrafterInfo, RunTrace
 
 
@@ -70,6 +72,11 @@ def test_a_registered_drafter_is_offered_everywhere(repeat, tiny_llama):
                for h in hovers)
     assert not any("head" in h for h in hovers)
     assert "Repeat" in views.round_info(trace, guessed.index)
+    # Lossless like every drafter, and its costs in the walkthrough's comparison of the race's drafters.
+    plain = generate(tiny_llama, "abc abc", DecodeSettings(method=PLAIN, max_new_tokens=8))
+    assert trace.tokens == plain.tokens
+    costs = drafter_comparison(make_race({PLAIN: [plain], "repeat": [trace]}, focus="repeat"))
+    assert f"**{lanes.title('repeat')}**" in costs and "drafting cost" in costs
     # Bench: a lane of its own.
     report = run_bench(tiny_llama, ["abc abc"], DecodeSettings(max_new_tokens=4), ["auto"], progress=False,
                        drafters=["repeat"])
