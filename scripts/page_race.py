@@ -9,8 +9,8 @@ ahead while another program holds a core? (issue 28; the figures are in docs/pag
 The first starts the app on its default model (SmolLM2 where fetched), presses Race in Debian's
 Chromium on each prompt with the default lanes, and reads the page's Medusa speedup and whether it
 said the machine was busy; then, with the app and browser closed, it runs `python -m decoding bench`
-on the same prompts in a fresh process, each prompt as often as the page races it. Beside the two
-speedups it prints where they part: plain decoding's step, Medusa's tokens a pass and its round
+on each prompt in a fresh process, as often as the page races it, and compares the two prompt by
+prompt (each against the plain decoding fastest on that prompt). Beside the speedups it prints where they part: plain decoding's step, Medusa's tokens a pass and its round
 in plain steps (verify pass + the rest), from the page's own traces (its Export tab's download)
 and from bench's report, both with `decoding.stats`. One such pair
 is no verdict on a noisy machine (bench gave 1.24x-1.43x on the same three prompts within one
@@ -224,14 +224,19 @@ def main() -> None:
     ratios = []
     for repeat in range(1, args.repeats + 1):
         rows, traced = page_races(prompts, args.neighbour)
-        measured = bench(prompts, args.model)
-        page = statistics.mean(row["speedup"] for row in rows if row["speedup"] is not None)
-        ratios.append(page / measured["speedup"])
-        speeds = ", ".join(f"{row['speedup']:.2f}x" for row in rows)
-        print(f"[{repeat}/{args.repeats}] page: {speeds} (mean {page:.2f}x); "
-              f"bench {measured['speedup']:.2f}x on {measured['tree']}, load {measured['load']}; "
-              f"page/bench {ratios[-1] - 1:+.1%}; load average now {os.getloadavg()[0]:.2f}\n"
-              f"  page's races: {describe(traced)}\n  bench:        {describe(measured)}", flush=True)
+        # Prompt by prompt: each figure counts against the plain decoding fastest on that prompt, and
+        # a short answer weighs as much as a long one on both sides. (One bench over every prompt
+        # gives a single total instead, over all tokens and against one baseline: not the same figure.)
+        measured = [bench([row["prompt"]], args.model) for row in rows]
+        pairs = [(row["speedup"], figures["speedup"]) for row, figures in zip(rows, measured, strict=True)
+                 if row["speedup"] is not None]
+        ratios.append(statistics.mean(page / bench_figure for page, bench_figure in pairs))
+        speeds = ", ".join(f"{page:.2f}x/{bench_figure:.2f}x" for page, bench_figure in pairs)
+        print(f"[{repeat}/{args.repeats}] page/bench by prompt: {speeds} (on {measured[0]['tree']}, load "
+              f"{measured[-1]['load']}); page/bench {ratios[-1] - 1:+.1%}; load average now {os.getloadavg()[0]:.2f}\n"
+              f"  page's races: {describe(traced)}\n"
+              + "\n".join(f"  bench, prompt {k}: {describe(figures)}" for k, figures in enumerate(measured, 1)),
+              flush=True)
     if len(ratios) > 1:
         error = statistics.stdev(ratios) / len(ratios) ** 0.5
         print(f"page/bench over {len(ratios)} pairs: {statistics.mean(ratios) - 1:+.1%} "
