@@ -10,9 +10,10 @@ The first starts the app on its default model (SmolLM2 where fetched), presses R
 Chromium on each prompt with the default lanes, and reads the page's Medusa speedup and whether it
 said the machine was busy; then, with the app and browser closed, it runs `python -m decoding bench`
 on each prompt in a fresh process, as often as the page races it, and compares the two prompt by
-prompt (each against the plain decoding fastest on that prompt). Beside the speedups it prints where they part: plain decoding's step, Medusa's tokens a pass and its round
-in plain steps (verify pass + the rest), from the page's own traces (its Export tab's download)
-and from bench's report, both with `decoding.stats`. One such pair
+prompt (each against the plain decoding fastest on that prompt). Beside the speedups it prints
+where they part: plain decoding's step, Medusa's tokens a pass and its round in plain steps
+(verify pass + the rest), from the page's own traces (its Export tab's download) and from bench's
+report, both with `decoding.stats`. One such pair
 is no verdict on a noisy machine (bench gave 1.24x-1.43x on the same three prompts within one
 day); `--repeats` runs the pair several times and gives the page/bench ratio's mean and standard
 error. `--neighbour` keeps one core busy (a Python loop) while the page races. The third, in one
