@@ -29,7 +29,7 @@ from decoding.kv_cache import new_cache
 from decoding.medusa_modules import vocabulary_rows
 from decoding.tiny import tiny_model
 from decoding.trace import CostCurve
-from decoding.training.train_eagle import EagleTrainingSettings, Sequence, evaluate_eagle, fit_eagle
+from decoding.training.train_eagle import CHECKPOINT, EagleTrainingSettings, Sequence, evaluate_eagle, fit_eagle
 from tests.test_lossless import reference_greedy
 
 PROMPTS = ["It is a truth universally", "The quick brown fox jumps", "Medusa heads guess several",
@@ -297,3 +297,31 @@ def _reading(count: int, read: list[int]):
     for i in range(count):
         read.append(i)
         yield i
+
+
+def test_a_resumed_training_ends_where_an_uninterrupted_one_does(tiny_llama, tmp_path):
+    """Stopped after its first epoch and resumed from the checkpoint, training ends with the very
+    weights one run straight through ends with: the batches' order and the noise on the input
+    states (drawn from torch's generator) both carry on from where they stopped."""
+    model = tiny_llama.model
+    text = own_text(model, tiny_llama.tokenizer, PROMPTS[:3], 24)
+    config = EagleConfig(model.config.hidden_size, model.config.vocab_size)
+
+    def train(folder, resume: bool = False, max_seconds: float = 0.0) -> list[dict]:
+        folder.mkdir(exist_ok=True)
+        torch.manual_seed(0)
+        settings = EagleTrainingSettings(epochs=2, lr=3e-3, batch_tokens=32, unroll=2, warmup_steps=2, patience=2,
+                                         noise=0.2, max_seconds=max_seconds)
+        record, _ = fit_eagle(EagleHead(config, model), model, text, text, settings, folder, resume=resume)
+        return record
+
+    straight = train(tmp_path / "straight")
+    assert len(train(tmp_path / "stopped", max_seconds=1e-9)) == 1  # it stops once its first epoch is done
+    resumed = train(tmp_path / "stopped", resume=True)
+    assert [r["loss"] for r in resumed] == [r["loss"] for r in straight]
+    # The weights the last epoch ended with (not the epoch kept, which might be the first).
+    ends = [torch.load(folder / CHECKPOINT, weights_only=False)["head"] for folder in (tmp_path / "straight",
+                                                                                        tmp_path / "stopped")]
+    assert ends[0].keys() == ends[1].keys()
+    for name, weights in ends[0].items():
+        assert torch.equal(ends[1][name], weights), name

@@ -311,6 +311,7 @@ def fit_eagle(head: EagleHead, base: PreTrainedModel, train: list[Sequence], val
         schedule.load_state_dict(saved["schedule"])
         record, best, best_state = saved["record"], saved["best"], saved["best_state"]
         rng.setstate(saved["rng"])
+        _set_noise_state(saved["noise_rng"], device)
         first_epoch = len(record) + 1
     head.train()
     for epoch in range(first_epoch, settings.epochs + 1):
@@ -335,7 +336,8 @@ def fit_eagle(head: EagleHead, base: PreTrainedModel, train: list[Sequence], val
         if path is not None:
             torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(),
                         "schedule": schedule.state_dict(),
-                        "record": record, "best": best, "best_state": best_state, "rng": rng.getstate()}, path)
+                        "record": record, "best": best, "best_state": best_state, "rng": rng.getstate(),
+                        "noise_rng": _noise_state(device)}, path)
         kept = max(record, key=lambda r: r["validation"]["chain_tokens_per_pass"] if "validation" in r else -r["loss"])
         if epoch - kept["epoch"] >= settings.patience:
             break
@@ -346,6 +348,19 @@ def fit_eagle(head: EagleHead, base: PreTrainedModel, train: list[Sequence], val
     head.load_state_dict(best_state)
     kept = max(record, key=lambda r: r["validation"]["chain_tokens_per_pass"] if "validation" in r else -r["loss"])
     return record, kept["epoch"]
+
+
+def _noise_state(device: torch.device) -> torch.Tensor:
+    """The state of the generator the input states' noise is drawn from (torch's, on `device`):
+    saved with each checkpoint, so a resumed run draws the noise an uninterrupted one would."""
+    return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+
+
+def _set_noise_state(state: torch.Tensor, device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)
+    else:
+        torch.set_rng_state(state)
 
 
 def training_time(record: list[dict]) -> float:
