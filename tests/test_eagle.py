@@ -29,7 +29,18 @@ from decoding.kv_cache import new_cache
 from decoding.medusa_modules import vocabulary_rows
 from decoding.tiny import tiny_model
 from decoding.trace import CostCurve
-from decoding.training.train_eagle import CHECKPOINT, EagleTrainingSettings, Sequence, evaluate_eagle, fit_eagle
+from decoding.training.train_eagle import (
+    CHECKPOINT,
+    EagleTrainingSettings,
+    Sequence,
+    batch_loss,
+    chosen_targets,
+    draft_rows,
+    evaluate_eagle,
+    fit_eagle,
+    pack,
+    unrolled_outputs,
+)
 from tests.test_lossless import reference_greedy
 
 PROMPTS = ["It is a truth universally", "The quick brown fox jumps", "Medusa heads guess several",
@@ -325,3 +336,30 @@ def test_a_resumed_training_ends_where_an_uninterrupted_one_does(tiny_llama, tmp
     assert ends[0].keys() == ends[1].keys()
     for name, weights in ends[0].items():
         assert torch.equal(ends[1][name], weights), name
+
+
+def test_the_hard_loss_is_cross_entropy_on_the_token_the_base_model_chose(tiny_llama):
+    """hard_weight 1: the loss is the draft's cross-entropy on t_{j+2}, the token the base model
+    chose from f_{j+1}, over the positions that train, skipping tokens outside the draft vocabulary
+    and positions whose t_{j+2} is past their sequence's end."""
+    model = tiny_llama.model
+    text = own_text(model, tiny_llama.tokenizer, PROMPTS[:2], 12)
+    torch.manual_seed(0)
+    head = EagleHead(EagleConfig(model.config.hidden_size, model.config.vocab_size, draft_vocab_size=64), model)
+    head.draft_vocab.copy_(torch.randperm(model.config.vocab_size)[:64])
+    batch = pack(text)
+    chosen = chosen_targets(head, batch)
+    vocab = head.draft_vocab.tolist()
+    starts = [sum(len(s.tokens) for s in text[:i]) for i in range(len(text))]
+    for number, sequence in enumerate(text):
+        for j in range(len(sequence.tokens)):
+            token = int(sequence.tokens[j + 2]) if j + 2 < len(sequence.tokens) else None
+            expected = vocab.index(token) if token in vocab else -1
+            assert int(chosen[starts[number] + j]) == expected, (number, j)
+    assert (chosen >= 0).any() and (chosen[batch.target] == -1).any()
+    rows, embedding = draft_rows(head, model), model.get_input_embeddings()
+    with torch.no_grad():
+        loss = batch_loss(head, rows, embedding, batch, EagleTrainingSettings(unroll=1, noise=0.0, hard_weight=1.0))
+        log_q = torch.log_softmax(rows(unrolled_outputs(head, embedding, batch, 1, 0.0)[0]).float(), dim=-1)
+    keep = batch.target & (chosen >= 0)
+    assert torch.allclose(loss, -log_q[keep, chosen[keep]].mean())

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import GenerationConfig
 
 from decoding.drafters.eagle import NAME as EAGLE
@@ -196,3 +197,16 @@ def test_a_recording_trains_a_fused_eagle_head_that_decodes_losslessly(tiny_dirs
     prompt = "It is a truth universally"
     eagle = generate(lm, prompt, DecodeSettings(method="eagle", max_new_tokens=24, eagle_nodes=8))
     assert eagle.tokens == generate(lm, prompt, DecodeSettings(method="ar", max_new_tokens=24)).tokens
+
+    # --init-eagle: a run at learning rate 0 that starts from the saved head ends with its weights.
+    again = tmp_path / "again"
+    args = ["train-eagle", "--model", str(folder), "--recorded", str(tmp_path / "recording"), "--out", str(again),
+            "--heldout-shards", "1", "--validation-shards", "1", "--epochs", "1", "--lr", "0", "--unroll", "2",
+            "--threads", "1", "--init-eagle", str(out)]
+    assert main([*args, "--fused"]) == 0
+    first, second = (load_file(str(folder / "eagle.safetensors")) for folder in (out, again))
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+    assert json.loads((again / "eagle_config.json").read_text())["training"]["init_eagle"] == str(out)
+    capsys.readouterr()
+    assert main([*args, "--no-fused"]) == 2
+    assert "--init-eagle" in capsys.readouterr().err

@@ -10,7 +10,9 @@ t_{j+1}) and learns:
 
 * **the next token's distribution**: KL from the base model's own distribution at j + 1,
   softmax(lm_head(f_{j+1})) over the draft vocabulary, to the draft's, softmax(lm_head(output)).
-  This is what acceptance depends on, and EAGLE-3 trains on it alone;
+  This is what acceptance depends on, and EAGLE-3 trains on it alone. Optionally mixed
+  (`hard_weight`) with cross-entropy on the token the base model chose there, t_{j+2}: greedy
+  acceptance counts only that one, and a small layer spends capacity matching the tail;
 * optionally **the next feature** (EAGLE-1): a smooth-L1 regression of its output onto f_{j+1}
   (`feature_weight`; 0 in EAGLE-3's recipe, where it measured worse).
 
@@ -62,6 +64,9 @@ class EagleTrainingSettings:
     unroll: int = 7  # training-time test steps
     noise: float = 0.2  # uniform noise on the true input states, times their RMS
     feature_weight: float = 0.0  # the next-feature regression's weight, against the token KL's 1
+    # 0: the token loss is the KL to the base model's distribution alone; 1: cross-entropy on the
+    # token it chose alone (Medusa's heads mix them half and half, recorded_heads.py).
+    hard_weight: float = 0.0
     # EAGLE-3: read a low, a middle, a high layer and the final state, fused; else (EAGLE-1) the
     # final state. EAGLE-1 measured better on SmolLM2's recording (docs/measured.md).
     fused: bool = False
@@ -196,11 +201,24 @@ def unrolled_outputs(head: EagleHead, embedding: nn.Embedding, batch: Batch, ste
     return outputs
 
 
+def chosen_targets(head: EagleHead, batch: Batch) -> torch.Tensor:
+    """(N,) the draft-vocabulary index of t_{j+2}, the token the base model chose from f_{j+1};
+    -1 where it is outside the draft vocabulary or past the sequence's end."""
+    chosen = torch.cat([batch.tokens[2:], batch.tokens[:2]])
+    chosen = chosen.masked_fill(batch.local + 2 >= _lengths(batch), -1)
+    if head.draft_vocab is None:
+        return chosen
+    index = torch.full((head.config.vocab_size + 1,), -1, dtype=torch.long, device=chosen.device)
+    index[head.draft_vocab] = torch.arange(len(head.draft_vocab), device=chosen.device)
+    return index[chosen]  # -1 indexes the extra last slot, which stays -1
+
+
 def batch_loss(head: EagleHead, rows: nn.Linear, embedding: nn.Embedding, batch: Batch,
                settings: EagleTrainingSettings) -> torch.Tensor:
     target_features = torch.cat([batch.features[1:], batch.features[:1]])  # f_{j+1}
     with torch.no_grad():
         teacher = F.log_softmax(rows(target_features).float(), dim=-1)
+    chosen = chosen_targets(head, batch) if settings.hard_weight else None
     total, weight_sum = 0.0, 0.0
     outputs = unrolled_outputs(head, embedding, batch, settings.unroll, settings.noise)
     for step, out in enumerate(outputs, start=1):
@@ -209,6 +227,9 @@ def batch_loss(head: EagleHead, rows: nn.Linear, embedding: nn.Embedding, batch:
             continue
         student = F.log_softmax(rows(out[trains]).float(), dim=-1)
         loss = F.kl_div(student, teacher[trains], log_target=True, reduction="batchmean")
+        if chosen is not None and (chosen[trains] >= 0).any():
+            hard = F.nll_loss(student, chosen[trains], ignore_index=-1)
+            loss = (1 - settings.hard_weight) * loss + settings.hard_weight * hard
         if settings.feature_weight:
             loss = loss + settings.feature_weight * F.smooth_l1_loss(out[trains], target_features[trains])
         weight = STEP_DECAY ** (step - 1)

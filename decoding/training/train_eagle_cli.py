@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..eagle_layer import find_eagle
+from ..eagle_layer import EagleHead, find_eagle
 from ..errors import DecodingError
 from .base_model import load_base
 from .commands import command_line, settings_from
@@ -62,6 +62,8 @@ def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda: where the head trains")
+    parser.add_argument("--init-eagle", type=Path, default=None,
+                        help="start from this saved EAGLE head (either layout) instead of a fresh one")
     parser.add_argument("--compare-eagle", type=Path, nargs="+", default=[],
                         help="also measure these saved EAGLE heads (either layout) on the same held-out answers")
     for field in dataclasses.fields(EagleTrainingSettings):
@@ -90,7 +92,8 @@ def run_train_eagle(args: argparse.Namespace) -> int:
         if group:
             parts[name], text_layers = read_sequences(group, settings.fused)
     features_seconds = time.time() - started
-    head = new_eagle_head(base, parts["train"], settings, text_layers if settings.fused else None)
+    head = (_init_eagle(args.init_eagle, base, settings) if args.init_eagle is not None
+            else new_eagle_head(base, parts["train"], settings, text_layers if settings.fused else None))
     answer_tokens = lambda group: torch.cat([s.tokens[s.answer_start:] for s in group])  # noqa: E731
     covered = coverage(answer_tokens(parts["heldout"]), head.draft_vocab)
     print(f"{sum(len(answer_tokens(g)) for g in parts.values()):,} answer tokens; the draft vocabulary of "
@@ -110,6 +113,7 @@ def run_train_eagle(args: argparse.Namespace) -> int:
         "training": {"command": command_line("train-eagle", args), "settings": dataclasses.asdict(settings),
                      "answer_tokens": {name: count(group) for name, group in parts.items()},
                      "shards": {name: [str(p) for p in group] for name, group in groups.items()},
+                     "init_eagle": None if args.init_eagle is None else str(args.init_eagle),
                      "reading_seconds": round(features_seconds, 1),
                      "draft_vocab_coverage_heldout": round(covered, 4),
                      "training_seconds": round(training_time(record), 1),
@@ -127,6 +131,17 @@ def run_train_eagle(args: argparse.Namespace) -> int:
     print(f"saved the EAGLE head to {args.out} (epoch {kept} kept; {training_time(record):.0f} s training, "
           f"{per_million:,.0f} s an epoch per million answer tokens here)")
     return 0
+
+
+def _init_eagle(path: Path, base: object, settings: EagleTrainingSettings) -> EagleHead:
+    """The saved head a run continues from: its draft vocabulary and layers are kept as they are."""
+    head, _ = find_eagle(path, base)
+    if head is None:
+        raise DecodingError(f"--init-eagle {path}: no EAGLE head there")
+    if (head.fuse is not None) != settings.fused:
+        raise DecodingError(f"--init-eagle {path}: that head {'fuses' if head.fuse is not None else 'does not fuse'} "
+                            f"layers, and this run has --{'' if settings.fused else 'no-'}fused")
+    return head
 
 
 def _evaluate_saved(path: Path, base: object, heldout: list[Sequence]) -> EagleEvaluation:
