@@ -121,6 +121,13 @@ def vocabulary_rows(lm_head: nn.Linear, token_ids: torch.Tensor) -> nn.Linear:
     return rows.requires_grad_(False)
 
 
+def draft_indices(draft_vocab: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """(vocab_size,) each token id's index in the draft vocabulary `draft_vocab`, -1 outside it."""
+    index = torch.full((vocab_size,), -1, dtype=torch.long, device=draft_vocab.device)
+    index[draft_vocab] = torch.arange(len(draft_vocab), device=draft_vocab.device)
+    return index
+
+
 class MedusaHeads(nn.Module):
     """K heads. `forward(hidden)` returns logits of shape (K, *hidden.shape[:-1], vocab)."""
 

@@ -36,7 +36,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
-from ..medusa_modules import HeadsConfig, MedusaHeads
+from ..medusa_modules import HeadsConfig, MedusaHeads, draft_indices
 from .answers import Answers
 from .evaluate import RankAccuracy
 from .trees import count_paths
@@ -115,9 +115,8 @@ class _Vocabulary:
     def __init__(self, heads: MedusaHeads, lm_head: nn.Linear, embedding: nn.Embedding) -> None:
         self.projection = heads.draft_projection(lm_head)
         self.embedding = embedding if heads.config.reads_root else None
-        self.index = torch.full((heads.config.vocab_size,), -1, dtype=torch.long)
         guessed = heads.draft_vocab if heads.draft_vocab is not None else torch.arange(heads.config.vocab_size)
-        self.index[guessed] = torch.arange(len(guessed))
+        self.index = draft_indices(guessed, heads.config.vocab_size)
 
     def roots(self, data: RecordedData, rows: torch.Tensor) -> torch.Tensor | None:
         """The embedding of the token each row's state chose: the root a head reads."""

@@ -47,7 +47,7 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel, get_cosine_schedule_with_warmup
 
 from ..eagle_layer import EagleHead
-from ..medusa_modules import vocabulary_rows
+from ..medusa_modules import draft_indices, vocabulary_rows
 from ..passes import additive_mask
 from .answer_batcher import Recorded
 
@@ -205,12 +205,9 @@ def chosen_targets(head: EagleHead, batch: Batch) -> torch.Tensor:
     """(N,) the draft-vocabulary index of t_{j+2}, the token the base model chose from f_{j+1};
     -1 where it is outside the draft vocabulary or past the sequence's end."""
     chosen = torch.cat([batch.tokens[2:], batch.tokens[:2]])
-    chosen = chosen.masked_fill(batch.local + 2 >= _lengths(batch), -1)
-    if head.draft_vocab is None:
-        return chosen
-    index = torch.full((head.config.vocab_size + 1,), -1, dtype=torch.long, device=chosen.device)
-    index[head.draft_vocab] = torch.arange(len(head.draft_vocab), device=chosen.device)
-    return index[chosen]  # -1 indexes the extra last slot, which stays -1
+    if head.draft_vocab is not None:
+        chosen = draft_indices(head.draft_vocab, head.config.vocab_size).to(chosen.device)[chosen]
+    return chosen.masked_fill(batch.local + 2 >= _lengths(batch), -1)
 
 
 def batch_loss(head: EagleHead, rows: nn.Linear, embedding: nn.Embedding, batch: Batch,

@@ -133,11 +133,17 @@ def run_train_eagle(args: argparse.Namespace) -> int:
     return 0
 
 
-def _init_eagle(path: Path, base: object, settings: EagleTrainingSettings) -> EagleHead:
-    """The saved head a run continues from: its draft vocabulary and layers are kept as they are."""
+def _saved_eagle(path: Path, base: object, flag: str) -> EagleHead:
+    """The EAGLE head saved in `path` (either layout), or a one-line error naming `flag`."""
     head, _ = find_eagle(path, base)
     if head is None:
-        raise DecodingError(f"--init-eagle {path}: no EAGLE head there")
+        raise DecodingError(f"{flag} {path}: no EAGLE head there")
+    return head
+
+
+def _init_eagle(path: Path, base: object, settings: EagleTrainingSettings) -> EagleHead:
+    """The saved head a run continues from: its draft vocabulary and layers are kept as they are."""
+    head = _saved_eagle(path, base, "--init-eagle")
     if (head.fuse is not None) != settings.fused:
         raise DecodingError(f"--init-eagle {path}: that head {'fuses' if head.fuse is not None else 'does not fuse'} "
                             f"layers, and this run has --{'' if settings.fused else 'no-'}fused")
@@ -146,9 +152,7 @@ def _init_eagle(path: Path, base: object, settings: EagleTrainingSettings) -> Ea
 
 def _evaluate_saved(path: Path, base: object, heldout: list[Sequence]) -> EagleEvaluation:
     """A saved head on the same held-out answers: a head that reads the final state alone gets it."""
-    other, _ = find_eagle(path, base)
-    if other is None:
-        raise DecodingError(f"--compare-eagle {path}: no EAGLE head there")
+    other = _saved_eagle(path, base, "--compare-eagle")
     if other.fuse is None:
         heldout = [dataclasses.replace(s, inputs=None) for s in heldout]
     elif heldout[0].inputs is None:
